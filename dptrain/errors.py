@@ -1,0 +1,26 @@
+"""User-facing errors.
+
+Every error that a user can cause (bad config, bad argument, unsupported module) is one of these,
+with a one-paragraph message that names the config key, argument or submodule and says how to fix
+it. The CLI prints these without a traceback; the engine raises them from plain Python.
+"""
+
+
+class DPTrainError(Exception):
+    """Base class of every error dptrain raises on purpose."""
+
+
+class ConfigError(DPTrainError, ValueError):
+    """A config key or a function argument has a value that cannot be used."""
+
+
+class PrivacyError(DPTrainError, ValueError):
+    """A privacy parameter is invalid (sigma, q, delta, target epsilon, clipping norm...)."""
+
+
+class UnsupportedModuleError(DPTrainError, ValueError):
+    """A module cannot be trained privately as it is (e.g. BatchNorm): the message names it."""
+
+
+class BudgetExhaustedError(DPTrainError):
+    """The next step would spend more privacy than the run's target allows."""
