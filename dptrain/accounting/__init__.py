@@ -1,0 +1,26 @@
+"""Privacy accountants (contract 2 of docs/ARCHITECTURE.md).
+
+    acc = get_accountant("prv")            # "rdp" | "prv" | "gdp"
+    acc.step(noise_multiplier=1.1, sample_rate=0.01, steps=1000)
+    acc.get_epsilon(delta=1e-5)
+"""
+
+from dptrain.accounting.base import Accountant
+from dptrain.accounting.calibration import get_noise_multiplier
+from dptrain.accounting.gdp import GaussianAccountant
+from dptrain.accounting.prv import EpsilonBounds, PRVAccountant
+from dptrain.accounting.rdp import DEFAULT_ORDERS, RDPAccountant
+from dptrain.accounting.registry import ACCOUNTANTS, compute_epsilon, get_accountant
+
+__all__ = [
+    "ACCOUNTANTS",
+    "Accountant",
+    "DEFAULT_ORDERS",
+    "EpsilonBounds",
+    "GaussianAccountant",
+    "PRVAccountant",
+    "RDPAccountant",
+    "compute_epsilon",
+    "get_accountant",
+    "get_noise_multiplier",
+]

@@ -1,0 +1,121 @@
+"""Noise calibration: the smallest noise multiplier whose epsilon meets a target."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Callable
+
+from dptrain.accounting.base import (check_delta, check_epsilon, check_sample_rate,
+                                     check_steps)
+from dptrain.accounting.registry import accountant_class
+from dptrain.errors import PrivacyError
+
+SIGMA_MIN = 1e-3   # below this, calibration reports the target as too loose to need noise
+SIGMA_MAX = 1e4    # above this, the target is declared unreachable
+
+
+def steps_for(sample_rate: float, steps: int | None, epochs: float | None) -> int:
+    """Number of steps from `steps` or `epochs` (ceil(epochs / sample_rate)); exactly one given."""
+    if (steps is None) == (epochs is None):
+        raise PrivacyError(
+            "pass exactly one of steps= (number of optimizer steps) or epochs= (passes over the "
+            f"data, steps = ceil(epochs / sample_rate)); got steps={steps!r}, epochs={epochs!r}."
+        )
+    if steps is not None:
+        n = check_steps(steps)
+    else:
+        try:
+            e = float(epochs)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise PrivacyError(f"epochs={epochs!r} is not a number: pass e.g. epochs=10.") from None
+        if not (e > 0 and math.isfinite(e)):
+            raise PrivacyError(f"epochs={epochs!r} must be a positive number, e.g. 10.")
+        n = math.ceil(e / sample_rate - 1e-9)
+    if n < 1:
+        raise PrivacyError(f"steps={n} is too small: calibration needs at least one step.")
+    return n
+
+
+def _epsilon_function(accountant: str, sample_rate: float, steps: int,
+                      delta: float) -> Callable[[float], float]:
+    cls = accountant_class(accountant)
+
+    def epsilon(sigma: float) -> float:
+        acc = cls()
+        acc.step(noise_multiplier=sigma, sample_rate=sample_rate, steps=steps)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return acc.get_epsilon(delta)
+
+    return epsilon
+
+
+def calibrate_sigma(epsilon: Callable[[float], float], target: float, tolerance: float,
+                    sigma_hi: float | None = None) -> float:
+    """Smallest sigma (to within `tolerance` in epsilon) with epsilon(sigma) <= target.
+
+    `epsilon` must be non-increasing in sigma. Returns a sigma whose epsilon is in
+    [target - tolerance, target] (or <= target when the curve is flat there).
+    """
+    hi = sigma_hi if sigma_hi is not None else 1.0
+    while epsilon(hi) > target:
+        if hi >= SIGMA_MAX:
+            return math.inf
+        hi = min(hi * 2.0, SIGMA_MAX)
+    factor = 0.9 if sigma_hi is not None else 0.5  # a good starting guess brackets narrowly
+    lo = hi * factor
+    while lo > SIGMA_MIN and epsilon(lo) <= target:
+        hi, lo = lo, lo * factor
+    if lo <= SIGMA_MIN:
+        return hi
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        eps_mid = epsilon(mid)
+        if eps_mid <= target:
+            hi = mid
+            if eps_mid >= target - tolerance:
+                break
+        else:
+            lo = mid
+        if hi - lo <= 1e-10 * hi:
+            break
+    return hi
+
+
+def get_noise_multiplier(*, target_epsilon: float, target_delta: float, sample_rate: float,
+                         steps: int | None = None, epochs: float | None = None,
+                         accountant: str = "rdp", epsilon_tolerance: float = 0.01) -> float:
+    """Smallest noise multiplier whose epsilon at target_delta is <= target_epsilon.
+
+    The result's epsilon is never above the target and (unless the target is so loose that
+    sigma = 1e-3 meets it) within `epsilon_tolerance` below it. Raises PrivacyError naming
+    target_epsilon when even sigma = 1e4 cannot reach the target.
+    """
+    target = check_epsilon(target_epsilon, "target_epsilon")
+    if target == 0 or math.isinf(target):
+        raise PrivacyError(
+            f"target_epsilon={target_epsilon!r} is not reachable: use a finite target > 0, e.g. 3.0."
+        )
+    delta = check_delta(target_delta, "target_delta")
+    q = check_sample_rate(sample_rate)
+    if q == 0:
+        raise PrivacyError("sample_rate=0 spends no privacy: any noise multiplier works; use q in (0, 1].")
+    n = steps_for(q, steps, epochs)
+    if not epsilon_tolerance > 0:
+        raise PrivacyError(f"epsilon_tolerance={epsilon_tolerance!r} must be > 0, e.g. 0.01.")
+    epsilon = _epsilon_function(accountant, q, n, delta)
+    start = None
+    if accountant == "prv":
+        # the PRV epsilon never exceeds the RDP one, so the RDP sigma meets the target: start there
+        start = calibrate_sigma(_epsilon_function("rdp", q, n, delta), target, epsilon_tolerance)
+    sigma = calibrate_sigma(epsilon, target, epsilon_tolerance,
+                            start if start is not None and math.isfinite(start) else None)
+    if math.isinf(sigma):
+        best = epsilon(SIGMA_MAX)
+        raise PrivacyError(
+            f"target_epsilon={target_epsilon!r} is unreachable with sample_rate={q}, steps={n}, "
+            f"target_delta={delta}: even noise_multiplier={SIGMA_MAX:g} gives epsilon {best:.4g} "
+            f"(achievable range: [{best:.4g}, inf)); raise target_epsilon or reduce steps/sample_rate."
+        )
+    return sigma

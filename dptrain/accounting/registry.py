@@ -1,0 +1,44 @@
+"""Accountants by name: "rdp", "prv", "gdp" (the names a user types in configs and on the CLI)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from dptrain.accounting.base import Accountant, check_delta, normalize_history
+from dptrain.accounting.gdp import GaussianAccountant
+from dptrain.accounting.prv import PRVAccountant
+from dptrain.accounting.rdp import RDPAccountant
+from dptrain.errors import PrivacyError
+
+ACCOUNTANTS: dict[str, type[Accountant]] = {
+    "rdp": RDPAccountant,
+    "prv": PRVAccountant,
+    "gdp": GaussianAccountant,
+}
+
+
+def accountant_class(name: str, argument: str = "accountant") -> type[Accountant]:
+    """The accountant class registered as `name`; PrivacyError naming `argument` otherwise."""
+    key = name.lower() if isinstance(name, str) else name
+    if key not in ACCOUNTANTS:
+        raise PrivacyError(
+            f"{argument}={name!r} is not a known accountant: use one of {sorted(ACCOUNTANTS)} "
+            "('prv' tight numerical, 'rdp' Renyi DP, 'gdp' CLT approximation)."
+        )
+    return ACCOUNTANTS[key]
+
+
+def get_accountant(name: str = "prv", **kwargs: Any) -> Accountant:
+    """A new, empty accountant selected by name ("rdp" | "prv" | "gdp")."""
+    return accountant_class(name)(**kwargs)
+
+
+def compute_epsilon(history: Iterable[Sequence[Any] | Mapping[str, Any]], delta: float,
+                    accountant: str = "rdp") -> float:
+    """Epsilon (nats) of a stored history of (noise_multiplier, sample_rate, steps) runs at delta.
+
+    Stateless: the ledger verifier recomputes claimed epsilons with it. math.inf when a step used
+    noise_multiplier == 0 with sample_rate > 0; 0.0 for an empty history.
+    """
+    acc = accountant_class(accountant).from_history(normalize_history(history))
+    return acc.get_epsilon(check_delta(delta))

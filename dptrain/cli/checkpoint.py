@@ -1,0 +1,195 @@
+"""Checkpoints: atomic, integrity-checked snapshots of everything a run needs to continue exactly.
+
+A checkpoint file is `torch.save({"format", "version", "sha256", "payload"})`, where `payload` is
+the `torch.save` bytes of the state dict and `sha256` their digest, so a truncated or bit-flipped
+file is refused with a clear error instead of silently loading wrong weights. Read one with
+`load_checkpoint(path)` (the state: "model" is the unwrapped model's state_dict).
+
+The state holds the model, the optimizer, the engine/accountant state, the RNG states (torch,
+numpy, python, CUDA), every `torch.Generator` of the loader and the optimizer (Poisson sampler,
+noise), the step, the epoch and the config with its hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dptrain.cli.ledger import config_differences, config_hash
+from dptrain.errors import ConfigError
+from dptrain.io import atomic_write_bytes, fsync_dir
+
+CHECKPOINT_FORMAT = "dptrain-checkpoint"
+CHECKPOINT_VERSION = 1
+CHECKPOINT_DIRNAME = "checkpoints"
+REQUIRED_KEYS = ("step", "epoch", "config", "config_hash", "model", "optimizer", "rng",
+                 "generators")
+
+
+def save_checkpoint(path: Path | str, state: dict[str, Any]) -> str:
+    """Atomically write `state` to `path` (folder created); returns the payload's SHA-256."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = _to_bytes(state)
+    digest = hashlib.sha256(payload).hexdigest()
+    envelope = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "sha256": digest,
+                "payload": payload}
+    atomic_write_bytes(path, _to_bytes(envelope))
+    return digest
+
+
+def link_checkpoint(source: Path | str, target: Path | str) -> None:
+    """Make `target` an atomic copy of the finished checkpoint `source` (a hard link when the
+    file system allows, else a byte copy), replacing any previous `target`."""
+    source, target = Path(source), Path(target)
+    temporary = target.with_name(f".{target.name}.link.tmp")
+    temporary.unlink(missing_ok=True)
+    try:
+        os.link(source, temporary)
+    except OSError:
+        atomic_write_bytes(target, source.read_bytes())
+        return
+    os.replace(temporary, target)
+    fsync_dir(target.parent)
+
+
+def _to_bytes(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def load_checkpoint(path: Path | str) -> dict[str, Any]:
+    """Read and check a checkpoint; raises ConfigError (naming the file) when it is missing,
+    truncated, corrupt or not a dptrain checkpoint. The file is never modified."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"No checkpoint at {str(path)!r} (train.resume): pass an existing "
+                          f"checkpoint file, or `auto` for the newest in <run_dir>/"
+                          f"{CHECKPOINT_DIRNAME}.")
+    envelope = _read_torch(path, path.read_bytes(), "file")
+    if not isinstance(envelope, dict) or envelope.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(f"{str(path)!r} (train.resume) is not a dptrain checkpoint; pass a file "
+                          f"written by dptrain into <run_dir>/{CHECKPOINT_DIRNAME}.")
+    if envelope.get("version") != CHECKPOINT_VERSION:
+        raise ConfigError(f"Checkpoint {str(path)!r} has format version "
+                          f"{envelope.get('version')!r}; this dptrain reads version "
+                          f"{CHECKPOINT_VERSION}. Resume it with the dptrain that wrote it.")
+    payload = envelope["payload"]
+    if hashlib.sha256(payload).hexdigest() != envelope["sha256"]:
+        raise ConfigError(f"Checkpoint {str(path)!r} is corrupt (its SHA-256 does not match); "
+                          "resume from another checkpoint of the run or start again.")
+    state = _read_torch(path, payload, "payload")
+    missing = [k for k in REQUIRED_KEYS if k not in state]
+    if missing:
+        raise ConfigError(f"Checkpoint {str(path)!r} lacks {missing}; it is incomplete and "
+                          "cannot be resumed.")
+    return state
+
+
+def _read_torch(path: Path, data: bytes, what: str) -> Any:
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    except Exception as err:
+        raise ConfigError(f"Checkpoint {str(path)!r} is truncated or corrupt (its {what} cannot "
+                          f"be read: {type(err).__name__}); resume from another checkpoint of "
+                          "the run or start again. Nothing was overwritten.") from err
+
+
+def latest_checkpoint(run_dir: Path | str) -> Path | None:
+    """The most recently written `*.pt` in `run_dir/checkpoints` (None when there is none)."""
+    folder = Path(run_dir) / CHECKPOINT_DIRNAME
+    candidates = sorted(folder.glob("*.pt"), key=lambda p: (p.stat().st_mtime_ns, p.name == "last.pt"))
+    return candidates[-1] if candidates else None
+
+
+def resolve_resume(resume: str | None, run_dir: Path | str) -> Path | None:
+    """The checkpoint to resume from: None, an explicit path, or "auto" (None if none yet)."""
+    if resume is None or str(resume).strip() == "":
+        return None
+    if str(resume) == "auto":
+        return latest_checkpoint(run_dir)
+    return Path(resume)
+
+
+def check_same_config(state: dict[str, Any], config: dict[str, Any], path: Path | str) -> None:
+    """Raise ConfigError naming the differing keys when the checkpoint's config hash differs."""
+    if state["config_hash"] == config_hash(config):
+        return
+    keys = config_differences(state["config"], config)
+    shown = ", ".join(keys[:10]) + (" ..." if len(keys) > 10 else "")
+    raise ConfigError(f"Checkpoint {str(path)!r} (train.resume) was written with a different "
+                      f"config; differing keys: {shown or '(hash only)'}. Resume with the same "
+                      "config, or start a new run in a new folder.")
+
+
+# ----------------------------------------------------------------------------- RNG states
+def capture_rng_state() -> dict[str, Any]:
+    """Global RNG states: torch CPU (+ CUDA when available), numpy (as lists), python."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": (kind, keys.tolist(), int(pos), int(has_gauss), float(cached)),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of `capture_rng_state`."""
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def find_generators(root: Any, prefix: str, depth: int = 3) -> dict[str, torch.Generator]:
+    """Every `torch.Generator` reachable from `root` through attributes (not lists), by dotted
+    name, e.g. {"loader.batch_sampler.generator": ...}; each generator listed once."""
+    found: dict[str, torch.Generator] = {}
+    seen: set[int] = set()
+
+    def walk(obj: Any, name: str, level: int) -> None:
+        if isinstance(obj, torch.Generator):
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                found[name] = obj
+            return
+        if level == 0 or id(obj) in seen or isinstance(obj, (torch.Tensor, torch.nn.Module)):
+            return
+        seen.add(id(obj))
+        attrs = getattr(obj, "__dict__", None)
+        if not isinstance(attrs, dict):
+            return
+        for key in sorted(attrs):
+            walk(attrs[key], f"{name}.{key}", level - 1)
+
+    walk(root, prefix, depth)
+    return found
+
+
+def generator_states(generators: dict[str, torch.Generator]) -> dict[str, torch.Tensor]:
+    """`get_state()` of each generator (ByteTensor), by name."""
+    return {name: gen.get_state() for name, gen in generators.items()}
+
+
+def restore_generators(generators: dict[str, torch.Generator],
+                       states: dict[str, torch.Tensor], path: Path | str) -> None:
+    """Set each generator to its saved state; ConfigError when the sets of names differ."""
+    if set(generators) != set(states):
+        raise ConfigError(f"Checkpoint {str(path)!r} saved random generators {sorted(states)} but "
+                          f"this run has {sorted(generators)}; it comes from a differently built "
+                          "job and cannot be resumed exactly. Start a new run.")
+    for name, gen in generators.items():
+        gen.set_state(states[name])

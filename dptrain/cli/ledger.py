@@ -1,0 +1,557 @@
+"""The privacy ledger: an auditable, crash-safe record of what a run spent.
+
+`privacy_ledger.json` (schema version `SCHEMA_VERSION`, documented in the README section
+"Privacy ledger and checkpoints") holds the resolved config and its hash, the dataset and its
+size N, the mechanism, the accountant, the target (epsilon, delta), the history of steps as runs
+of identical (noise_multiplier, sample_rate), the epsilon it implies under every accountant, the
+status and the checkpoints written. Every write is atomic (`dptrain.io.atomic_write_json`).
+
+The trainer commits steps to the history BEFORE they touch data, so a ledger left by a killed
+process never under-reports: `steps_completed + committed_ahead == sum(history steps)`.
+Claimed epsilons are always `compute_epsilon(history, delta, accountant)` of the stored history,
+so `verify_ledger` can recompute them exactly.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import hashlib
+import json
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dptrain.errors import ConfigError, DPTrainError
+from dptrain.io import atomic_write_json, json_safe
+
+SCHEMA_VERSION = 1
+LEDGER_FILENAME = "privacy_ledger.json"
+STATUSES = ("running", "completed", "stopped_at_budget", "failed")
+NON_PRIVATE_NOTE = "non-private: no privacy guarantee"
+APPROXIMATE_ACCOUNTANTS = frozenset({"gdp"})  # CLT approximation, not an upper bound
+# Config keys that may change between a run and its resume without changing what is trained.
+RESUME_EXEMPT_KEYS = ("train.resume", "train.progress", "train.max_steps", "train.run_dir", "hydra")
+
+History = list[tuple[float, float, int]]  # runs of (noise_multiplier sigma, sample_rate q, steps)
+
+_NUMBER_OR_INF = {"type": ["number", "string", "null"], "pattern": "^(-?inf|nan)$"}
+_HISTORY_RUN = {
+    "type": "object",
+    "required": ["noise_multiplier", "sample_rate", "steps"],
+    "properties": {
+        "noise_multiplier": {"type": "number", "minimum": 0},
+        "sample_rate": {"type": "number", "minimum": 0, "maximum": 1},
+        "steps": {"type": "integer", "minimum": 1},
+    },
+}
+LEDGER_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "dptrain privacy ledger",
+    "type": "object",
+    "required": [
+        "schema_version", "dptrain_version", "updated", "status", "private", "config",
+        "config_hash", "dataset", "mechanism", "accountant", "target", "delta", "history",
+        "steps_completed", "committed_ahead", "epsilon", "epsilon_by_accountant", "checkpoints",
+        "resumes",
+    ],
+    "properties": {
+        "schema_version": {"type": "integer", "enum": [SCHEMA_VERSION]},
+        "dptrain_version": {"type": "string"},
+        "updated": {"type": "string"},
+        "status": {"type": "string", "enum": list(STATUSES)},
+        "private": {"type": "boolean"},
+        "note": {"type": "string"},
+        "error": {"type": ["string", "null"]},
+        "config": {"type": "object"},
+        "config_hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "dataset": {
+            "type": "object",
+            "required": ["name", "size"],
+            "properties": {"name": {"type": "string"}, "size": {"type": "integer", "minimum": 0}},
+        },
+        "mechanism": {"type": ["object", "null"]},
+        "accountant": {"type": ["string", "null"]},
+        "target": {
+            "type": "object",
+            "required": ["epsilon", "delta"],
+            "properties": {"epsilon": {"type": ["number", "null"]},
+                           "delta": {"type": ["number", "null"]}},
+        },
+        "delta": {"type": ["number", "null"]},
+        "history": {"type": "array", "items": _HISTORY_RUN},
+        "steps_completed": {"type": "integer", "minimum": 0},
+        "committed_ahead": {"type": "integer", "minimum": 0},
+        "epsilon": _NUMBER_OR_INF,
+        "epsilon_by_accountant": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "required": ["epsilon", "approximate"],
+                "properties": {"epsilon": _NUMBER_OR_INF, "approximate": {"type": "boolean"}},
+            },
+        },
+        "checkpoints": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["path", "step", "epoch", "epsilon"],
+                "properties": {"path": {"type": "string"}, "step": {"type": "integer"},
+                               "epoch": {"type": "integer"}, "epsilon": _NUMBER_OR_INF},
+            },
+        },
+        "resumes": {"type": "array", "items": {"type": "object"}},
+    },
+}
+
+
+# ----------------------------------------------------------------------------- config hashing
+def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Flatten nested dicts to dotted keys: {"a": {"b": 1}} -> {"a.b": 1}."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(flatten_config(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def _hashed_items(config: dict[str, Any]) -> dict[str, Any]:
+    """The flattened config without the keys that may change on resume (RESUME_EXEMPT_KEYS)."""
+    def exempt(key: str) -> bool:
+        return any(key == k or key.startswith(k + ".") for k in RESUME_EXEMPT_KEYS)
+
+    return {k: v for k, v in flatten_config(config).items() if not exempt(k)}
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """SHA-256 (hex) of the canonical JSON of the config, RESUME_EXEMPT_KEYS left out."""
+    canonical = json.dumps(json_safe(_hashed_items(config)), sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between two configs (hashed keys only), sorted."""
+    a, b = json_safe(_hashed_items(old)), json_safe(_hashed_items(new))
+    return sorted(k for k in set(a) | set(b) if a.get(k, "<missing>") != b.get(k, "<missing>"))
+
+
+# ----------------------------------------------------------------------------- history helpers
+def merge_history(runs: Iterable[Sequence[float]]) -> History:
+    """Normalize runs of (sigma, q, steps): drop empty runs, merge adjacent identical ones."""
+    merged: History = []
+    for sigma, q, steps in runs:
+        if int(steps) <= 0:
+            continue
+        if merged and merged[-1][0] == float(sigma) and merged[-1][1] == float(q):
+            merged[-1] = (merged[-1][0], merged[-1][1], merged[-1][2] + int(steps))
+        else:
+            merged.append((float(sigma), float(q), int(steps)))
+    return merged
+
+
+def history_steps(history: Sequence[Sequence[float]]) -> int:
+    """Total number of steps in a history of runs."""
+    return int(sum(int(run[2]) for run in history))
+
+
+def history_to_json(history: History) -> list[dict[str, Any]]:
+    """Runs as JSON objects {"noise_multiplier", "sample_rate", "steps"}."""
+    return [{"noise_multiplier": s, "sample_rate": q, "steps": n} for s, q, n in history]
+
+
+def history_from_json(runs: list[dict[str, Any]]) -> History:
+    """Inverse of `history_to_json`."""
+    return [(float(r["noise_multiplier"]), float(r["sample_rate"]), int(r["steps"])) for r in runs]
+
+
+def epsilon_of(history: History, delta: float, accountant: str) -> float:
+    """Epsilon of `history` at `delta` under `accountant`; 0.0 for an empty history.
+
+    Memoized (the ledger, the guard and the metrics ask for the same histories repeatedly).
+    """
+    if not history:
+        return 0.0
+    key = tuple((float(s), float(q), int(n)) for s, q, n in history)
+    return _cached_epsilon(key, float(delta), accountant)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_epsilon(history: tuple[tuple[float, float, int], ...], delta: float,
+                    accountant: str) -> float:
+    from dptrain.accounting import compute_epsilon
+
+    return float(compute_epsilon(list(history), delta, accountant=accountant))
+
+
+def available_accountants() -> list[str]:
+    """Names of the registered accountants (dptrain.accounting.ACCOUNTANTS)."""
+    from dptrain.accounting import ACCOUNTANTS
+
+    return sorted(ACCOUNTANTS)
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _as_float(value: Any) -> float | None:
+    """Read back an epsilon written by `dptrain.io` ("inf" strings become floats)."""
+    if value is None:
+        return None
+    return float(value)
+
+
+# ----------------------------------------------------------------------------- the ledger
+class PrivacyLedger:
+    """In-memory ledger of one run, written atomically to `run_dir/privacy_ledger.json`.
+
+    The trainer calls `commit` before each block of steps, `record_checkpoint` after each
+    checkpoint and `finish` at the end. `history` passed in is always the full history in runs of
+    (sigma, q, steps); `steps_completed` counts the steps known to have finished.
+    """
+
+    def __init__(self, path: Path, data: dict[str, Any]) -> None:
+        self.path = Path(path)
+        self.data = data
+
+    @classmethod
+    def create(
+        cls,
+        run_dir: Path,
+        *,
+        config: dict[str, Any],
+        dataset_name: str,
+        dataset_size: int,
+        mechanism: dict[str, Any] | None,
+        accountant: str | None,
+        target_epsilon: float | None,
+        delta: float | None,
+    ) -> PrivacyLedger:
+        """A fresh ledger (status "running", empty history); `mechanism=None` is non-private."""
+        from dptrain import __version__
+
+        data: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "dptrain_version": __version__,
+            "updated": _now(),
+            "status": "running",
+            "private": mechanism is not None,
+            "config": config,
+            "config_hash": config_hash(config),
+            "dataset": {"name": dataset_name, "size": int(dataset_size)},
+            "mechanism": mechanism,
+            "accountant": accountant,
+            "target": {"epsilon": target_epsilon, "delta": delta},
+            "delta": delta,
+            "history": [],
+            "steps_completed": 0,
+            "committed_ahead": 0,
+            "epsilon": 0.0 if mechanism is not None else None,
+            "epsilon_by_accountant": {},
+            "checkpoints": [],
+            "resumes": [],
+            "error": None,
+        }
+        if mechanism is None:
+            data["note"] = NON_PRIVATE_NOTE
+        return cls(Path(run_dir) / LEDGER_FILENAME, data)
+
+    # -- properties ----------------------------------------------------------------------------
+    @property
+    def private(self) -> bool:
+        return bool(self.data["private"])
+
+    @property
+    def history(self) -> History:
+        return history_from_json(self.data["history"])
+
+    @property
+    def epsilon(self) -> float | None:
+        return _as_float(self.data["epsilon"])
+
+    # -- updates -------------------------------------------------------------------------------
+    def commit(self, history: History, steps_completed: int) -> None:
+        """Record `history` (done steps + steps about to run) with status "running"; write.
+
+        `committed_ahead` is the number of steps in the history that have not finished yet.
+        """
+        self._set_history(history, steps_completed)
+        self.data["status"] = "running"
+        self.write()
+
+    def record_checkpoints(self, paths: list[str], step: int, epoch: int, done: History) -> None:
+        """Add one entry per checkpoint file of the same state (the epsilon of `done`, the
+        `step` steps completed); one write."""
+        eps = self._claim(merge_history(done)) if self.private else None
+        total = history_steps(self.history) if self.private else int(step)
+        self.data["steps_completed"] = int(step)
+        self.data["committed_ahead"] = total - int(step)
+        self.data["checkpoints"] += [{"path": path, "step": int(step), "epoch": int(epoch),
+                                      "epsilon": eps} for path in paths]
+        self.write()
+
+    def record_resume(self, checkpoint: str, step: int) -> None:
+        """Note a resume: steps committed by the interrupted process beyond `step` are dropped
+        from the history (they were never released: the replay recomputes them)."""
+        previous = self.data["steps_completed"] + self.data["committed_ahead"]
+        self.data["resumes"].append({"checkpoint": checkpoint, "step": int(step),
+                                     "discarded_committed_steps": max(0, previous - int(step)),
+                                     "time": _now()})
+
+    def finish(self, status: str, history: History, steps_completed: int,
+               error: str | None = None) -> None:
+        """Final write: the exact history, the epsilon under every accountant, the status."""
+        if status not in STATUSES:
+            raise ValueError(f"unknown ledger status {status!r}")
+        self._set_history(history, steps_completed)
+        self.data["status"] = status
+        self.data["error"] = error
+        if self.private:
+            self.data["epsilon_by_accountant"] = self._all_claims(self.history)
+        self.write()
+
+    def write(self) -> None:
+        """Atomically write the ledger to `self.path`."""
+        self.data["updated"] = _now()
+        atomic_write_json(self.path, self.data)
+
+    # -- internals -----------------------------------------------------------------------------
+    def _set_history(self, history: History, steps_completed: int) -> None:
+        history = merge_history(history) if self.private else []
+        total = history_steps(history) if self.private else int(steps_completed)
+        if steps_completed > total:
+            raise ValueError(f"steps_completed={steps_completed} exceeds the history ({total})")
+        self.data["history"] = history_to_json(history)
+        self.data["steps_completed"] = int(steps_completed)
+        self.data["committed_ahead"] = total - int(steps_completed)
+        if self.private:
+            self.data["epsilon"] = self._claim(history)
+
+    def _claim(self, history: History) -> float:
+        return epsilon_of(history, self.data["delta"], self.data["accountant"])
+
+    def _all_claims(self, history: History) -> dict[str, dict[str, Any]]:
+        claims: dict[str, dict[str, Any]] = {}
+        for name in available_accountants():
+            try:
+                with warnings.catch_warnings():  # gdp warns it is approximate: labelled below
+                    warnings.simplefilter("ignore", UserWarning)
+                    eps: float | None = epsilon_of(history, self.data["delta"], name)
+                error = None
+            except (DPTrainError, ValueError, ArithmeticError) as err:  # does not apply here
+                eps, error = None, f"{type(err).__name__}: {err}"
+            claims[name] = {"epsilon": eps, "approximate": name in APPROXIMATE_ACCOUNTANTS}
+            if error:
+                claims[name]["error"] = error
+        return claims
+
+
+def truncate_history(history: History, steps: int) -> History:
+    """The first `steps` steps of a history."""
+    out: History = []
+    left = int(steps)
+    for sigma, q, n in history:
+        if left <= 0:
+            break
+        out.append((sigma, q, min(n, left)))
+        left -= n
+    return out
+
+
+# ----------------------------------------------------------------------------- reading, validation
+def _type_ok(value: Any, kinds: str | list[str]) -> bool:
+    kinds = [kinds] if isinstance(kinds, str) else kinds
+    checks = {
+        "object": lambda v: isinstance(v, dict),
+        "array": lambda v: isinstance(v, list),
+        "string": lambda v: isinstance(v, str),
+        "boolean": lambda v: isinstance(v, bool),
+        "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "null": lambda v: v is None,
+    }
+    return any(checks[k](value) for k in kinds)
+
+
+def schema_errors(value: Any, schema: dict[str, Any] = LEDGER_SCHEMA, where: str = "") -> list[str]:
+    """Violations of the subset of JSON Schema used by LEDGER_SCHEMA (type, required,
+    properties, additionalProperties, items, enum, minimum, maximum, pattern); [] when valid."""
+    import re
+
+    here = where or "<ledger>"
+    if "type" in schema and not _type_ok(value, schema["type"]):
+        return [f"{here}: expected {schema['type']}, got {type(value).__name__}"]
+    errors: list[str] = []
+    if "enum" in schema and value not in schema["enum"]:
+        errors.append(f"{here}: {value!r} is not one of {schema['enum']}")
+    if isinstance(value, str) and "pattern" in schema and not re.search(schema["pattern"], value):
+        errors.append(f"{here}: {value!r} does not match {schema['pattern']}")
+    if _type_ok(value, "number"):
+        if "minimum" in schema and value < schema["minimum"]:
+            errors.append(f"{here}: {value} < {schema['minimum']}")
+        if "maximum" in schema and value > schema["maximum"]:
+            errors.append(f"{here}: {value} > {schema['maximum']}")
+    if isinstance(value, dict):
+        errors += [f"{here}: missing key {k!r}" for k in schema.get("required", []) if k not in value]
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        for key, item in value.items():
+            sub = props.get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                errors += schema_errors(item, sub, f"{where}.{key}" if where else key)
+    if isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            errors += schema_errors(item, schema["items"], f"{here}[{i}]")
+    return errors
+
+
+def consistency_errors(data: dict[str, Any]) -> list[str]:
+    """Cross-field checks the schema cannot express (step counts, config hash)."""
+    errors: list[str] = []
+    total = history_steps(history_from_json(data["history"]))
+    if data["private"] and data["steps_completed"] + data["committed_ahead"] != total:
+        errors.append(f"steps_completed ({data['steps_completed']}) + committed_ahead "
+                      f"({data['committed_ahead']}) != steps in history ({total})")
+    if config_hash(data["config"]) != data["config_hash"]:
+        errors.append("config_hash does not match the config stored in the ledger")
+    if data["private"] and (data["accountant"] is None or data["delta"] is None):
+        errors.append("a private ledger needs an accountant and a delta")
+    return errors
+
+
+def load_ledger(path: Path | str) -> dict[str, Any]:
+    """Read and validate a ledger file (or a run folder holding one).
+
+    Raises ConfigError naming the file when it is missing, truncated, not JSON, of another schema
+    version or inconsistent; the file is never modified.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / LEDGER_FILENAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as err:
+        raise ConfigError(f"No privacy ledger at {str(path)!r}: pass a run folder or its "
+                          f"{LEDGER_FILENAME}.") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"The privacy ledger {str(path)!r} is corrupt or truncated ({err}); "
+                          "it cannot be trusted. Keep it for inspection and re-run the job.") from err
+    problems = schema_errors(data)
+    if not problems:
+        problems = consistency_errors(data)
+    if problems:
+        raise ConfigError(f"The privacy ledger {str(path)!r} does not match schema version "
+                          f"{SCHEMA_VERSION}: " + "; ".join(problems[:5]) + ". It was written by "
+                          "another dptrain version or edited by hand; it cannot be verified.")
+    return data
+
+
+@dataclass
+class Verification:
+    """Result of re-computing a ledger's epsilon with one accountant."""
+
+    path: Path
+    accountant: str | None
+    claimed: float | None        # the ledger's claim for that accountant (None: no claim)
+    recomputed: float | None     # compute_epsilon(history, delta, accountant)
+    ok: bool
+    message: str
+
+
+def _claim_for(data: dict[str, Any], accountant: str) -> float | None:
+    if accountant == data["accountant"]:
+        return _as_float(data["epsilon"])
+    entry = data["epsilon_by_accountant"].get(accountant)
+    return None if entry is None else _as_float(entry["epsilon"])
+
+
+def verify_ledger(path: Path | str, accountant: str | None = None,
+                  rel_tol: float = 1e-6) -> Verification:
+    """Recompute epsilon from a ledger's history and compare with what it claims.
+
+    `accountant=None` uses the run's accountant. `ok` is False when the claim differs from the
+    recomputation by more than `rel_tol` (relative). A non-private ledger is ok with no epsilon.
+    """
+    data = load_ledger(path)
+    path = Path(path)
+    if not data["private"]:
+        return Verification(path, None, None, None, True, NON_PRIVATE_NOTE)
+    name = accountant or data["accountant"]
+    if name not in available_accountants():
+        raise ConfigError(f"Unknown accountant {name!r} (--accountant); choose one of "
+                          f"{available_accountants()}.")
+    recomputed = epsilon_of(history_from_json(data["history"]), data["delta"], name)
+    claimed = _claim_for(data, name)
+    if claimed is None:
+        return Verification(path, name, None, recomputed, True,
+                            f"no claim under {name!r} in the ledger; recomputed only")
+    same = (claimed == recomputed) or math.isclose(claimed, recomputed, rel_tol=rel_tol, abs_tol=0.0)
+    message = "matches" if same else f"MISMATCH: claims {claimed!r}, history gives {recomputed!r}"
+    return Verification(path, name, claimed, recomputed, same, message)
+
+
+# ----------------------------------------------------------------------------- budget guard
+class BudgetGuard:
+    """Admits only the steps that keep epsilon <= `target_epsilon` under the run's accountant.
+
+    `admissible(done, upcoming)` is the largest m such that epsilon(done + upcoming[:m]) <=
+    target at `delta`. When every step has the same (sigma, q), the largest admissible number of
+    steps is found once by bisection and cached, so each check is an integer comparison; otherwise
+    m is found by bisection over the upcoming block (epsilon grows with every step).
+    """
+
+    def __init__(self, target_epsilon: float | None, delta: float | None,
+                 accountant: str | None) -> None:
+        self.target = target_epsilon
+        self.delta = delta
+        self.accountant = accountant
+        self._max_steps: dict[tuple[float, float], int] = {}
+
+    def admissible(self, done: History, upcoming: History) -> int:
+        """How many steps of `upcoming` (in order) can follow `done` within the target."""
+        count = history_steps(upcoming)
+        if self.target is None or count == 0:
+            return count
+        kinds = {(run[0], run[1]) for run in list(done) + list(upcoming)}
+        if len(kinds) == 1:
+            sigma, q = kinds.pop()
+            return max(0, min(count, self.max_steps(sigma, q) - history_steps(done)))
+        runs = [(s, q, 1) for s, q, n in upcoming for _ in range(int(n))]
+        return _largest_fitting(count, lambda m: self._fits(list(done) + runs[:m]))
+
+    def max_steps(self, sigma: float, q: float) -> int:
+        """Largest k with epsilon(k steps of (sigma, q)) <= target (0 if even one step exceeds)."""
+        key = (float(sigma), float(q))
+        if key not in self._max_steps:
+            self._max_steps[key] = _largest_fitting(
+                None, lambda k: self._fits([(key[0], key[1], k)]))
+        return self._max_steps[key]
+
+    def _fits(self, history: History) -> bool:
+        history = merge_history(history)
+        return epsilon_of(history, self.delta, self.accountant) <= self.target
+
+
+def _largest_fitting(limit: int | None, fits: Any) -> int:
+    """Largest m in [0, limit] (limit None: unbounded, capped at 2**40) with fits(m) True,
+    for a monotone predicate (True up to some m, False after); fits(0) is assumed True."""
+    cap = 2**40 if limit is None else limit
+    if cap == 0 or not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= cap and fits(hi):        # invariant: fits(lo)
+        lo, hi = hi, hi * 2
+    if hi > cap:
+        if fits(cap):
+            return cap
+        hi = cap
+    while hi - lo > 1:                   # fits(lo), not fits(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo

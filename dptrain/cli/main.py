@@ -1,0 +1,142 @@
+"""The `dptrain` command: compose the Hydra config, build the job, train, report.
+
+    dptrain                                   # digits + digits_mlp at epsilon 3 (the default)
+    dptrain +recipe=mnist_cnn dataset.download=true
+    dptrain -m privacy=sigma privacy.noise_multiplier=0.5,1.0   # a sweep, summary at its root
+
+Configs ship inside the package (`pkg://dptrain.conf`), so the command works from any directory
+after a plain `pip install .`. Bad input (a dptrain.errors exception, or an OmegaConf/Hydra config
+error) stops before training with a one-paragraph message naming the key and the fix and a
+non-zero exit status (2); `-v`/`--verbose` or HYDRA_FULL_ERROR=1 shows the traceback instead.
+When Hydra itself rejects an override (misspelt group, option or key), close matches are printed.
+Every job writes its RunResult to `result.json` in its run folder.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from hydra.types import RunMode
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from dptrain.errors import DPTrainError
+
+if TYPE_CHECKING:  # torch-free import, so that `dptrain --help` starts fast
+    from dptrain.cli.job import RunResult
+
+VERBOSE_FLAGS = ("-v", "--verbose")
+FULL_ERROR_ENV = "HYDRA_FULL_ERROR"
+CONFIG_ERROR_EXIT = 2
+USER_ERRORS = (DPTrainError, OmegaConfBaseException, HydraException)
+_failed_jobs: list[str] = []  # sweep jobs of this process stopped by bad input (exit status)
+
+
+def _verbose() -> bool:
+    return os.environ.get(FULL_ERROR_ENV, "") not in ("", "0")
+
+
+def _report_error(error: BaseException) -> None:
+    """Print `error` as one short paragraph on stderr (no traceback)."""
+    message = " ".join(str(error).split()) or type(error).__name__
+    sys.stderr.write(f"dptrain: error: {message}\n")
+    sys.stderr.write("(run with -v or HYDRA_FULL_ERROR=1 for the traceback)\n")
+
+
+def _format_epsilon(result: RunResult) -> str:
+    if result.epsilon is None:
+        return "no privacy guarantee (privacy=none)"
+    return f"epsilon = {result.epsilon:.4g} at delta = {result.delta:.3g}"
+
+
+def _print_outcome(result: RunResult) -> None:
+    """One closing line: status, steps, test accuracy, epsilon and the run folder."""
+    accuracy = "n/a" if result.test_accuracy is None else f"{100 * result.test_accuracy:.2f}%"
+    print(
+        f"dptrain: {result.status} after {result.steps} steps: test accuracy {accuracy}, "
+        f"{_format_epsilon(result)}. Outputs in {result.run_dir}",
+        flush=True,
+    )
+
+
+def run_job(cfg: DictConfig) -> float | None:
+    """One Hydra job: build from `cfg`, train, write result.json; returns the test accuracy."""
+    from dptrain.cli.results import failed_result, read_result, write_result
+
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    overrides = list(hydra_cfg.overrides.task)
+    try:
+        from dptrain.distributed.launch import relaunch_with_torchrun  # hardware=ddp (issue 9)
+
+        code = relaunch_with_torchrun(cfg.get("hardware"), overrides, run_dir)
+        if code is not None:  # the torchrun workers trained and wrote result.json in run_dir
+            if code != 0 and hydra_cfg.mode != RunMode.MULTIRUN:
+                sys.exit(code)
+            return (read_result(run_dir) or {}).get("test_accuracy")
+        from dptrain.cli.build import build_job
+
+        job, settings = build_job(cfg, run_dir)
+        from dptrain.cli.trainer import train
+
+        result = train(job, settings)
+    except USER_ERRORS as error:
+        if _verbose():
+            raise
+        write_result(run_dir, failed_result(run_dir), overrides, " ".join(str(error).split()))
+        _report_error(error)
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            _failed_jobs.append(str(run_dir))
+            return None  # the sweep goes on; the summary shows it failed; main() exits with 2
+        sys.exit(CONFIG_ERROR_EXIT)
+    write_result(run_dir, result, overrides)
+    _print_outcome(result)
+    return result.test_accuracy
+
+
+_hydra_main = hydra.main(
+    config_path="pkg://dptrain.conf", config_name="config", version_base="1.3"
+)(run_job)
+
+
+def _take_verbose_flags(argv: list[str]) -> bool:
+    """Remove -v/--verbose from `argv` (Hydra does not know them); True when one was there."""
+    found = any(arg in VERBOSE_FLAGS for arg in argv[1:])
+    argv[1:] = [arg for arg in argv[1:] if arg not in VERBOSE_FLAGS]
+    return found
+
+
+def _print_hints(argv: list[str]) -> None:
+    """Did-you-mean lines for overrides that name no known group, option or key."""
+    from dptrain.cli.suggest import hints
+
+    for line in hints(argv):
+        sys.stderr.write(f"dptrain: {line}\n")
+
+
+def main() -> None:
+    """Console-script entry point (`dptrain`)."""
+    _failed_jobs.clear()
+    if _take_verbose_flags(sys.argv):
+        os.environ[FULL_ERROR_ENV] = "1"
+    try:
+        _hydra_main()
+    except SystemExit as stop:
+        if stop.code == 1:  # Hydra rejected the command line or the composed config
+            _print_hints(sys.argv[1:])
+        raise
+    if _failed_jobs:
+        sys.stderr.write(
+            f"dptrain: {len(_failed_jobs)} sweep job(s) failed: {', '.join(_failed_jobs)}\n"
+        )
+        sys.exit(CONFIG_ERROR_EXIT)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Did-you-mean hints for command-line overrides that name no config group, option or key.
+
+Hydra rejects `modle=mnist_cnn`, `model=mnist_cnnn` or `train.epoch=3` with its own message; this
+module adds the close matches (difflib) from the configs shipped in `dptrain/conf`: the group
+names, each group's options, and every key of the primary config and of each group's options.
+"""
+
+from __future__ import annotations
+
+import difflib
+from importlib import resources
+from importlib.resources.abc import Traversable
+from typing import Any, Iterator
+
+from omegaconf import DictConfig, OmegaConf
+
+CONF_PACKAGE = "dptrain.conf"
+PRIMARY = "config.yaml"
+NOT_GROUPS = ("hydra",)
+
+
+def _conf_root() -> Traversable:
+    return resources.files(CONF_PACKAGE)
+
+
+def config_groups() -> dict[str, list[str]]:
+    """group name -> sorted option names (yaml stems), e.g. {"model": ["cifar10_cnn", ...]}."""
+    groups = {}
+    for entry in _conf_root().iterdir():
+        if (
+            entry.is_dir()
+            and entry.name not in NOT_GROUPS
+            and not entry.name.startswith(("_", "."))
+        ):
+            options = sorted(
+                f.name[: -len(".yaml")] for f in entry.iterdir() if f.name.endswith(".yaml")
+            )
+            groups[entry.name] = options
+    return groups
+
+
+def _dotted_keys(node: Any, prefix: str) -> Iterator[str]:
+    if isinstance(node, DictConfig):
+        for key in node.keys():
+            if key in ("defaults",):
+                continue
+            path = f"{prefix}.{key}" if prefix else str(key)
+            yield path
+            yield from _dotted_keys(node._get_node(key), path)
+
+
+def _load(entry: Traversable) -> DictConfig:
+    loaded = OmegaConf.create(entry.read_text(encoding="utf-8"))
+    return loaded if isinstance(loaded, DictConfig) else OmegaConf.create({})
+
+
+def known_keys(groups: dict[str, list[str]]) -> set[str]:
+    """Every dotted key the shipped configs define (primary config + every group option)."""
+    root = _conf_root()
+    primary = _load(root.joinpath(PRIMARY))
+    keys = {k for k in _dotted_keys(primary, "") if not k.startswith("hydra")}
+    for group, options in groups.items():
+        if group == "recipe":
+            continue
+        keys.add(group)
+        for option in options:
+            keys.update(_dotted_keys(_load(root.joinpath(group, f"{option}.yaml")), group))
+    return keys
+
+
+def _close(word: str, candidates: list[str] | set[str]) -> list[str]:
+    return difflib.get_close_matches(word, sorted(candidates), n=3, cutoff=0.6)
+
+
+def _split_override(arg: str) -> tuple[str, str, str] | None:
+    """(key, value, prefix) of a `key=value` override, its +/++/~ prefix split off; None for flags."""
+    if arg.startswith("-") or "=" not in arg:
+        return None
+    raw_key, value = arg.split("=", 1)
+    key = raw_key.lstrip("+~")
+    return key, value, raw_key[: len(raw_key) - len(key)]
+
+
+def _hint_for(
+    key: str, value: str, prefix: str, groups: dict[str, list[str]], keys: set[str]
+) -> str | None:
+    """The hint for one override, or None when it names a known group option or key."""
+    if key.split(".")[0] == "hydra" or ("+" in prefix and key not in groups):
+        return None
+    if key in groups:
+        wrong = [v for v in value.split(",") if v and v not in groups[key]]
+        for option in wrong:
+            close = _close(option, groups[key])
+            if close:
+                options = ", ".join(groups[key])
+                return (
+                    f"{prefix}{key}={option}: did you mean {prefix}{key}={close[0]}? "
+                    f"Options: {options}."
+                )
+        return None
+    if key in keys:
+        return None
+    close = _close(key, set(groups) | keys)
+    if close:
+        return f"{key}: did you mean {close[0]}={value}?"
+    return f"{key}: no such config group or key. Groups: {', '.join(sorted(groups))} (see dptrain --help)."
+
+
+def hints(argv: list[str]) -> list[str]:
+    """One did-you-mean line for each override in `argv` that names nothing known."""
+    groups = config_groups()
+    keys = known_keys(groups)
+    lines = []
+    for arg in argv:
+        parsed = _split_override(arg)
+        if parsed is not None:
+            hint = _hint_for(*parsed, groups, keys)
+            if hint:
+                lines.append(hint)
+    return lines

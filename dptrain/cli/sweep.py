@@ -1,0 +1,108 @@
+"""The sweep summary: after `dptrain -m ...`, one table and `sweep_summary.json` at the sweep root.
+
+`SweepSummaryCallback` is registered in the primary config under `hydra.callbacks`; Hydra calls
+its `on_multirun_end` in the launching process once every job has finished, whatever the launcher
+(basic, joblib, submitit). It reads each job folder's `.hydra/overrides.yaml` and `result.json`
+(a job with no result.json is reported as failed) from the file system, so it works the same when
+the jobs ran in other processes or on other machines.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+from rich.table import Table
+
+from dptrain.cli.results import read_result
+from dptrain.io import atomic_write_json
+
+SUMMARY_FILENAME = "sweep_summary.json"
+COLUMNS = ("status", "epsilon", "delta", "test_accuracy", "test_loss", "steps")
+TABLE_COLUMNS = ("status", "epsilon", "delta", "test_accuracy", "steps")
+
+
+def _natural_key(path: Path) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
+
+
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """Every job folder under `sweep_dir` (those holding `.hydra/overrides.yaml`), in job order."""
+    found = {
+        p.parent.parent for p in sweep_dir.rglob("overrides.yaml") if p.parent.name == ".hydra"
+    }
+    found.discard(sweep_dir)
+    return sorted(found, key=lambda p: _natural_key(p.relative_to(sweep_dir)))
+
+
+def job_row(sweep_dir: Path, job_dir: Path) -> dict[str, Any]:
+    """One summary row: the job's folder, overrides, status, epsilon, accuracy..."""
+    overrides = [str(o) for o in OmegaConf.load(job_dir / ".hydra" / "overrides.yaml")]
+    record = read_result(job_dir) or {"status": "failed", "error": "the job wrote no result.json"}
+    row: dict[str, Any] = {"job": str(job_dir.relative_to(sweep_dir)), "overrides": overrides}
+    row.update({key: record.get(key) for key in COLUMNS})
+    row["error"] = record.get("error")
+    return row
+
+
+def summarize(sweep_dir: Path) -> dict[str, Any]:
+    """The summary of the sweep in `sweep_dir` (also written to sweep_summary.json there)."""
+    sweep_dir = Path(sweep_dir)
+    rows = [job_row(sweep_dir, d) for d in job_dirs(sweep_dir)]
+    summary = {"sweep_dir": str(sweep_dir), "jobs": rows}
+    atomic_write_json(sweep_dir / SUMMARY_FILENAME, summary)
+    return summary
+
+
+def _cell(value: Any, key: str) -> str:
+    if value is None:
+        return "-"
+    if key == "test_accuracy" and isinstance(value, (int, float)):
+        return f"{100 * value:.2f}%"
+    if isinstance(value, float):
+        return "inf" if math.isinf(value) else f"{value:.4g}"
+    return str(value)
+
+
+def common_overrides(rows: list[dict[str, Any]]) -> list[str]:
+    """The overrides every job shares (shown once, above the table), in command-line order."""
+    if not rows:
+        return []
+    shared = set(rows[0]["overrides"]).intersection(*(set(r["overrides"]) for r in rows[1:]))
+    return [o for o in rows[0]["overrides"] if o in shared]
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    """A rich table: one row per job with the overrides that vary, status, epsilon, accuracy."""
+    rows = summary["jobs"]
+    common = common_overrides(rows) if len(rows) > 1 else []
+    caption = f"all jobs: {' '.join(common)}" if common else None
+    table = Table(title=f"Sweep summary ({summary['sweep_dir']})", caption=caption)
+    table.add_column("job", no_wrap=True)
+    table.add_column("overrides", overflow="fold", min_width=30)
+    for header in TABLE_COLUMNS:
+        table.add_column(header, overflow="fold")
+    for row in rows:
+        varying = [o for o in row["overrides"] if o not in common]
+        table.add_row(
+            row["job"], " ".join(varying) or "-", *(_cell(row[k], k) for k in TABLE_COLUMNS)
+        )
+    return table
+
+
+class SweepSummaryCallback(Callback):
+    """Hydra callback: writes sweep_summary.json and prints the table at the end of a multirun."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir).resolve()
+        if not sweep_dir.is_dir():
+            return
+        summary = summarize(sweep_dir)
+        console = Console()
+        console.print(summary_table(summary))
+        console.print(f"Summary written to {sweep_dir / SUMMARY_FILENAME}")

@@ -1,0 +1,729 @@
+"""The training loop: `train(job, settings) -> RunResult`.
+
+For each epoch the private loader is iterated (through `dptrain.BatchMemoryManager` when
+`settings.max_physical_batch_size` is set), each logical step is committed to the privacy ledger
+BEFORE its data is read, the budget guard stops before the step that would exceed the target
+epsilon, the model is evaluated every `eval_every` epochs and at the end, metrics are appended to
+`run_dir/metrics.jsonl` and checkpoints are written every `checkpoint_every` epochs and at the end.
+
+Commit block: the ledger commits up to `COMMIT_BLOCK_STEPS` steps at a time, never past the end of
+the epoch, `max_steps` or the budget, so a killed run over-reports by at most one block (50 steps,
+or one epoch when shorter) and pays one ledger write (two fsyncs and one epsilon) per block rather
+than per step. Each committed step carries the exact (sigma, q) the optimizer will use: schedules
+are pure functions of the step index, so the upcoming values are known before the step runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from dptrain.cli import checkpoint as ckpt
+from dptrain.cli.job import RunResult, TrainingJob, TrainSettings
+from dptrain.cli.ledger import (
+    LEDGER_FILENAME,
+    BudgetGuard,
+    History,
+    PrivacyLedger,
+    epsilon_of,
+    history_steps,
+    load_ledger,
+    merge_history,
+)
+from dptrain.errors import BudgetExhaustedError, ConfigError, PrivacyError
+from dptrain.io import JsonLines, ensure_writable_dir
+
+COMMIT_BLOCK_STEPS = 50   # at most this many steps committed ahead (bounded over-report on crash)
+METRICS_FILENAME = "metrics.jsonl"
+
+
+# ----------------------------------------------------------------------------- small helpers
+def seed_everything(seed: int) -> None:
+    """Seed torch (CPU and CUDA), numpy and python's `random`."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's model inside a GradSampleModule (or the model itself)."""
+    return getattr(model, "_module", model)
+
+
+def _correct(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor | None:
+    """Correct predictions in a batch (0-dim tensor, no device sync): argmax of logits [B, K]
+    (K > 1) against integer labels [B]; the sign of a single logit [B] or [B, 1] against 0/1
+    labels; None for soft labels."""
+    if output.dim() >= 2 and output.shape[-1] > 1:
+        if target.is_floating_point():
+            return None
+        return (output.argmax(dim=-1) == target).sum()
+    return ((output.reshape(target.shape) > 0).long() == target.long()).sum()
+
+
+@dataclass
+class _Tally:
+    """Running sums of loss (weighted by samples) and correct predictions.
+
+    Sums stay tensors on the model's device, so no step waits for the accelerator; reading
+    `loss` or `accuracy` synchronizes.
+    """
+
+    loss_sum: torch.Tensor | float = 0.0
+    correct: torch.Tensor | int = 0
+    samples: int = 0
+    has_accuracy: bool = True
+
+    def add(self, loss: torch.Tensor, output: torch.Tensor, target: torch.Tensor) -> None:
+        n = int(target.shape[0])
+        if n == 0:
+            return
+        self.loss_sum = self.loss_sum + loss.detach().double() * n
+        right = _correct(output.detach(), target)
+        self.has_accuracy &= right is not None
+        if right is not None:
+            self.correct = self.correct + right
+        self.samples += n
+
+    @property
+    def loss(self) -> float | None:
+        return float(self.loss_sum) / self.samples if self.samples else None
+
+    @property
+    def accuracy(self) -> float | None:
+        return int(self.correct) / self.samples if self.samples and self.has_accuracy else None
+
+
+def _to_device(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of a loader batch, on `device`."""
+    x, y = batch[0], batch[-1]
+    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
+def _autocast(job: TrainingJob) -> contextlib.AbstractContextManager:
+    """bf16 autocast when job.precision == "bf16", else a no-op."""
+    if job.precision == "bf16":
+        return torch.autocast(device_type=job.device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def evaluate(job: TrainingJob) -> tuple[float | None, float | None]:
+    """(mean loss, accuracy) of the model on job.test_loader; (None, None) without one.
+
+    Runs under no_grad with the model in eval mode and leaves every global RNG untouched, so
+    evaluating never changes the training trajectory (resume stays exact).
+    """
+    if job.test_loader is None:
+        return None, None
+    tally = _Tally()
+    was_training = job.model.training
+    job.model.eval()
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        for batch in job.test_loader:
+            x, y = _to_device(batch, job.device)
+            with _autocast(job):
+                out = job.model(x)
+                loss = job.loss_fn(out, y)
+            tally.add(loss.float(), out.float(), y)
+    job.model.train(was_training)
+    clear = getattr(job.model, "clear_per_sample", None)
+    if callable(clear):
+        clear()
+    return tally.loss, tally.accuracy
+
+
+# ----------------------------------------------------------------------------- privacy adapter
+class _Spend:
+    """What the loop needs from the engine: steps done, their history, the upcoming (sigma, q)."""
+
+    def __init__(self, job: TrainingJob) -> None:
+        self.job = job
+        self.private = job.engine is not None
+        self.nonprivate_steps = 0
+
+    @property
+    def accountant(self) -> Any:
+        return self.job.engine.accountant
+
+    def history(self) -> History:
+        """Runs of (sigma, q, steps) of the steps done so far (the accountant's record)."""
+        return merge_history(self.accountant.history) if self.private else []
+
+    def steps(self) -> int:
+        """Logical steps done so far (resumed steps included)."""
+        return history_steps(self.history()) if self.private else self.nonprivate_steps
+
+    def upcoming(self, count: int) -> History:
+        """(sigma, q, 1) of each of the next `count` steps, from the optimizer's schedules.
+
+        Schedules are pure functions of the optimizer's step index (dptrain.privacy.schedules),
+        so these are exactly the values the accountant will record.
+        """
+        opt = self.job.optimizer
+        start = int(getattr(opt, "steps_taken", 0))
+        sigma_at = getattr(opt, "noise_schedule", None) or (lambda _: opt.noise_multiplier)
+        q_at = getattr(opt, "sample_rate_schedule", None) or (lambda _: opt.sample_rate)
+        return [(float(sigma_at(i)), float(q_at(i)), 1) for i in range(start, start + count)]
+
+
+# ----------------------------------------------------------------------------- progress display
+class _Display:
+    """rich progress bar (loss, accuracy, epsilon) and the final summary table."""
+
+    def __init__(self, enabled: bool) -> None:
+        from rich.console import Console
+
+        self.console = Console()
+        self.enabled = enabled and self.console.is_terminal
+        self._progress: Any = None
+        self._task: Any = None
+
+    @contextlib.contextmanager
+    def epoch(self, epoch: int, epochs: int, total: int | None) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        columns = (TextColumn(f"epoch {epoch + 1}/{epochs}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("loss {task.fields[loss]} acc {task.fields[acc]} "
+                              "eps<= {task.fields[eps]}"), TimeElapsedColumn())
+        with Progress(*columns, console=self.console, transient=False) as progress:
+            self._progress = progress
+            self._task = progress.add_task("train", total=total, loss="-", acc="-", eps="-")
+            yield
+        self._progress = None
+
+    def advance(self, tally: _Tally, epsilon: float | None) -> None:
+        if self._progress is None:
+            return
+        self._progress.update(self._task, advance=1, loss=_fmt(tally.loss),
+                              acc=_fmt(tally.accuracy), eps=_fmt(epsilon))
+
+    def summary(self, result: RunResult, ledger: PrivacyLedger) -> None:
+        from rich.table import Table
+
+        table = Table(title=f"dptrain run: {result.status}", show_header=False)
+        table.add_row("run folder", str(result.run_dir))
+        table.add_row("steps / epochs", f"{result.steps} / {result.epochs_completed}")
+        table.add_row("test loss / accuracy", f"{_fmt(result.test_loss)} / {_fmt(result.test_accuracy)}")
+        if ledger.private:
+            table.add_row(f"epsilon ({ledger.data['accountant']})", f"{_fmt(result.epsilon)} "
+                          f"at delta={result.delta:g}")
+            for name, claim in sorted(ledger.data["epsilon_by_accountant"].items()):
+                label = " (approximate)" if claim["approximate"] else ""
+                table.add_row(f"  epsilon under {name}{label}", _fmt(claim["epsilon"]))
+        else:
+            table.add_row("privacy", ledger.data["note"])
+        table.add_row("ledger", str(ledger.path))
+        self.console.print(table)
+
+
+def _fmt(value: float | str | None) -> str:
+    if value is None:
+        return "-"
+    return f"{float(value):.4g}"
+
+
+class _Started:
+    """An already created iterator with the loader's length, to hand to BatchMemoryManager."""
+
+    def __init__(self, iterator: Iterator[Any], length: int | None) -> None:
+        self.iterator, self.length = iterator, length
+
+    def __iter__(self) -> Iterator[Any]:
+        return self.iterator
+
+    def __len__(self) -> int:
+        if self.length is None:
+            raise TypeError("the training loader has no length")
+        return self.length
+
+
+# ----------------------------------------------------------------------------- the run
+@dataclass
+class _Position:
+    """Where the run is: logical steps done, epochs completed, steps into the current epoch."""
+
+    step: int = 0
+    epoch: int = 0
+    steps_in_epoch: int = 0
+    best_accuracy: float | None = None
+    last_eval: tuple[int, float | None, float | None] | None = None  # (step, loss, accuracy)
+    stopped_at_budget: bool = False
+
+
+class _Run:
+    """One call of `train`: owns the ledger, the guard, the metrics log and the checkpoints."""
+
+    def __init__(self, job: TrainingJob, settings: TrainSettings, run_dir: Path) -> None:
+        self.job, self.settings, self.run_dir = job, settings, run_dir
+        self.spend = _Spend(job)
+        self.pos = _Position()
+        self.delta = _delta(job)
+        acc_name = _accountant_name(job) if self.spend.private else None
+        self.guard = BudgetGuard(job.privacy.target_epsilon if self.spend.private else None,
+                                 self.delta, acc_name)
+        self.ledger = PrivacyLedger.create(
+            run_dir, config=job.config, dataset_name=job.dataset_name,
+            dataset_size=job.dataset_size, mechanism=_mechanism(job) if self.spend.private else None,
+            accountant=acc_name, target_epsilon=job.privacy.target_epsilon, delta=self.delta)
+        self.metrics = JsonLines(run_dir / METRICS_FILENAME)
+        self.display = _Display(settings.progress)
+        self.generators = {**ckpt.find_generators(job.train_loader, "train_loader"),
+                           **ckpt.find_generators(job.optimizer, "optimizer")}
+        self.committed = 0       # steps in the ledger's history (done + ahead)
+        self._last_saved_step: int | None = None
+        self._epoch_start_generators: dict[str, torch.Tensor] = {}
+        self._fast_forward: dict[str, Any] | None = None   # mid-epoch checkpoint to resume from
+
+    # -- resume --------------------------------------------------------------------------------
+    def resume(self) -> None:
+        """Restore everything from settings.resume, or refuse to overwrite another run's ledger."""
+        path = ckpt.resolve_resume(self.settings.resume, self.run_dir)
+        previous = self._previous_ledger()
+        if path is None:
+            if previous is not None and self.settings.resume != "auto":
+                raise ConfigError(
+                    f"{str(self.run_dir)!r} (train.run_dir) already holds a privacy ledger from "
+                    "another run; use a new folder, or `train.resume=auto` to continue that run.")
+            if previous is not None:
+                self.ledger.data["resumes"] = previous["resumes"]
+                self.ledger.data["resumes"].append({"checkpoint": None, "step": 0,
+                    "discarded_committed_steps": previous["steps_completed"]
+                    + previous["committed_ahead"]})
+            return
+        state = ckpt.load_checkpoint(path)
+        ckpt.check_same_config(state, self.job.config, path)
+        self._refuse_secure_rewind(state, previous, path)
+        self._restore(state, path)
+        if previous is not None:
+            self.ledger.data["resumes"] = previous["resumes"]
+            self.ledger.data["checkpoints"] = [c for c in previous["checkpoints"]
+                                               if c["step"] <= self.pos.step]
+            self.ledger.data["steps_completed"] = previous["steps_completed"]
+            self.ledger.data["committed_ahead"] = previous["committed_ahead"]
+        self._refuse_if_exhausted(path)
+        self.ledger.record_resume(str(path), self.pos.step)
+        self.ledger.commit(self.spend.history(), steps_completed=self.pos.step)
+        self.committed = self.pos.step
+        resumed_at = self.pos.step
+        self.metrics.keep(lambda record: record.get("step", math.inf) <= resumed_at)
+
+    def _refuse_secure_rewind(self, state: dict[str, Any], previous: dict[str, Any] | None,
+                              path: Path) -> None:
+        """In secure mode a replay draws fresh noise: resuming behind a checkpoint already
+        written would release a second, different version of the same steps, which the ledger
+        would not count. Refused (PrivacyError)."""
+        if not (self.spend.private and self.job.privacy.secure_mode and previous):
+            return
+        written = max((c["step"] for c in previous["checkpoints"]), default=0)
+        if written > int(state["step"]):
+            raise PrivacyError(
+                f"Cannot resume from {str(path)!r} (train.resume) at step {state['step']}: with "
+                f"privacy.secure_mode=true the run already wrote a checkpoint at step {written}, "
+                "and replaying those steps with fresh noise would spend privacy the ledger cannot "
+                "count. Resume from the newest checkpoint (`train.resume=auto`).")
+
+    def _previous_ledger(self) -> dict[str, Any] | None:
+        if not (self.run_dir / LEDGER_FILENAME).exists():
+            return None
+        return load_ledger(self.run_dir / LEDGER_FILENAME)  # ConfigError when corrupt
+
+    def _restore(self, state: dict[str, Any], path: Path) -> None:
+        job = self.job
+        unwrap(job.model).load_state_dict(state["model"])
+        job.optimizer.load_state_dict(state["optimizer"])
+        if not self.spend.private:
+            self.spend.nonprivate_steps = int(state["step"])
+        self._restore_random_state(state, path)
+        self.pos = _Position(step=int(state["step"]), epoch=int(state["epoch"]),
+                             steps_in_epoch=int(state.get("steps_in_epoch", 0)),
+                             best_accuracy=state.get("best_accuracy"))
+        if self.spend.private and self.spend.steps() != self.pos.step:
+            raise ConfigError(f"Checkpoint {str(path)!r} is inconsistent: step {self.pos.step} "
+                              f"but its accountant holds {self.spend.steps()} steps.")
+        if self.pos.steps_in_epoch > 0:
+            self._fast_forward = state
+            self._epoch_start_generators = state["epoch_start_generators"]
+
+    def _restore_random_state(self, state: dict[str, Any], path: Path | str) -> None:
+        """Engine (accountant, sampler, noise, DP optimizer), generators and global RNGs."""
+        if self.spend.private:
+            _load_engine_state(self.job.engine, state["engine"])
+        ckpt.restore_generators(self.generators, state["generators"], path)
+        ckpt.restore_rng_state(state["rng"])
+
+    def _refuse_if_exhausted(self, path: Path) -> None:
+        if not self.spend.private or self.guard.target is None:
+            return
+        if self.guard.admissible(self.spend.history(), self.spend.upcoming(1)) == 0:
+            raise BudgetExhaustedError(
+                f"Cannot resume from {str(path)!r} (train.resume): its {self.pos.step} steps "
+                f"already reach the target epsilon {self.guard.target} "
+                "(privacy.target_epsilon); one more step would exceed it. Nothing was changed.")
+
+    # -- commits and the guard -----------------------------------------------------------------
+    def _ensure_committed(self, steps_left_in_epoch: int) -> bool:
+        """Before the data of step `pos.step + 1` is read: make sure it is in the ledger.
+
+        When every committed step has run, commits the next block (at most COMMIT_BLOCK_STEPS,
+        the epoch's remaining steps and max_steps' remaining steps), cut to the steps the budget
+        guard admits. Returns False when the budget forbids even the next step.
+        """
+        if not self.spend.private or self.committed > self.pos.step:
+            return True
+        block = min(COMMIT_BLOCK_STEPS, steps_left_in_epoch, self._steps_left_in_run())
+        done = self.spend.history()
+        upcoming = self.spend.upcoming(max(1, int(block)))
+        admitted = self.guard.admissible(done, upcoming)
+        if admitted == 0:
+            return False
+        self.ledger.commit(done + upcoming[:admitted], steps_completed=self.pos.step)
+        self.committed = self.pos.step + admitted
+        return True
+
+    def _steps_left_in_run(self) -> float:
+        max_steps = self.settings.max_steps
+        return math.inf if max_steps is None else max_steps - self.pos.step
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        self.ledger.write()
+        status = "completed"
+        try:
+            while self.pos.epoch < self.settings.epochs and not self._stop_requested():
+                self._train_epoch()
+                if self.pos.stopped_at_budget:
+                    status = "stopped_at_budget"
+                    break
+            self._final_eval_and_checkpoint()
+        except BaseException as err:
+            self._fail(err)
+            raise
+        self._refresh_strategies()
+        self.ledger.finish(status, self.spend.history(), self.spend.steps())
+        return self._result(status)
+
+    def _stop_requested(self) -> bool:
+        return self.settings.max_steps is not None and self.pos.step >= self.settings.max_steps
+
+    def _steps_per_epoch(self) -> int | None:
+        try:
+            return len(self.job.train_loader)
+        except TypeError:
+            return None
+
+    def _train_epoch(self) -> None:
+        job, pos = self.job, self.pos
+        per_epoch = self._steps_per_epoch()
+        left = math.inf if per_epoch is None else per_epoch - pos.steps_in_epoch
+        tally = _Tally()
+        job.model.train()
+        if pos.steps_in_epoch == 0:
+            self._epoch_start_generators = ckpt.generator_states(self.generators)
+        logical = _Started(self._epoch_iterator(), per_epoch)
+        with self.display.epoch(pos.epoch, self.settings.epochs, per_epoch), \
+                self._physical_batches(logical) as batches:
+            finished = self._run_steps(iter(batches), left, tally)
+        if finished or (per_epoch is not None and pos.steps_in_epoch >= per_epoch):
+            pos.epoch += 1
+            pos.steps_in_epoch = 0
+            self._end_of_epoch(tally)
+        else:
+            self._log(tally, evaluated=False)
+
+    def _run_steps(self, batches: Iterator[Any], left: float, tally: _Tally) -> bool:
+        """Logical steps until the epoch ends (True), or max_steps / budget stops it (False)."""
+        pos = self.pos
+        in_step = False
+        done = 0
+        while True:
+            if not in_step:
+                if done >= left:
+                    return True
+                if self._stop_requested():
+                    return False
+                if not self._ensure_committed(min(left - done, COMMIT_BLOCK_STEPS)):
+                    pos.stopped_at_budget = True
+                    return False
+            batch = next(batches, None)
+            if batch is None:
+                return True
+            in_step = True
+            self._physical_step(batch, tally)
+            steps = self.spend.steps()
+            if steps > pos.step:
+                pos.step, in_step = steps, False
+                pos.steps_in_epoch += 1
+                done += 1
+                self.display.advance(tally, self.ledger.epsilon)
+
+    def _physical_step(self, batch: Any, tally: _Tally) -> None:
+        """Forward/backward of one physical batch, then `optimizer.step()`."""
+        job = self.job
+        job.optimizer.zero_grad(set_to_none=True)  # keeps a skipped chunk's clipped sum
+        x, y = _to_device(batch, job.device)
+        chunk = self.settings.max_physical_batch_size
+        if self.spend.private or not chunk or x.shape[0] <= chunk:
+            self._forward_backward(x, y, tally, weight=1.0)
+        else:  # non-private gradient accumulation over chunks of the logical batch
+            for xs, ys in zip(x.split(chunk), y.split(chunk)):
+                self._forward_backward(xs, ys, tally, weight=xs.shape[0] / x.shape[0])
+        job.optimizer.step()
+        if not self.spend.private:
+            self.spend.nonprivate_steps += 1
+
+    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor, tally: _Tally,
+                          weight: float) -> None:
+        if x.shape[0] == 0:
+            return  # empty Poisson batch: the optimizer step adds noise only
+        with _autocast(self.job):
+            out = self.job.model(x)
+            loss = self.job.loss_fn(out, y)
+        (loss * weight if weight != 1.0 else loss).backward()
+        tally.add(loss.float(), out.float(), y)
+
+    def _epoch_iterator(self) -> Iterator[Any]:
+        """A new iterator over the epoch's logical batches.
+
+        Its creation (which draws the loader's base seed) runs under a forked RNG, so it never
+        shifts the global torch RNG (dropout...). After a mid-epoch resume the loader's generators
+        are set back to their epoch-start states and the `steps_in_epoch` batches already trained
+        on are drawn again and discarded; then every random state is restored as it was at the
+        checkpoint, so the rest of the epoch sees exactly the batches of an uninterrupted run.
+        """
+        forward = self._fast_forward
+        self._fast_forward = None
+        if forward is not None:
+            ckpt.restore_generators(self.generators, forward["epoch_start_generators"], "resume")
+        with torch.random.fork_rng(devices=[]):
+            iterator = iter(self.job.train_loader)
+            for _ in range(forward["steps_in_epoch"] if forward is not None else 0):
+                next(iterator)
+        if forward is not None:
+            self._restore_random_state(forward, "resume")
+        return iterator
+
+    @contextlib.contextmanager
+    def _physical_batches(self, logical: Iterable[Any]) -> Iterator[Iterable[Any]]:
+        """The batches to train on: through BatchMemoryManager for a private job with chunks."""
+        size = self.settings.max_physical_batch_size
+        if not self.spend.private or not size:
+            yield logical
+            return
+        from dptrain import BatchMemoryManager
+
+        with BatchMemoryManager(data_loader=logical, max_physical_batch_size=size,
+                                optimizer=self.job.optimizer) as loader:
+            yield loader
+
+    # -- epoch ends, evaluation, checkpoints ---------------------------------------------------
+    def _end_of_epoch(self, tally: _Tally) -> None:
+        every = self.settings.eval_every
+        evaluate_now = every > 0 and self.pos.epoch % every == 0
+        if evaluate_now:
+            self._evaluate()
+        self._log(tally, evaluated=evaluate_now)
+        every = self.settings.checkpoint_every
+        if every > 0 and self.pos.epoch % every == 0:
+            self._checkpoint([f"epoch_{self.pos.epoch}.pt", "last.pt", *self._best()])
+
+    def _evaluate(self) -> None:
+        loss, acc = evaluate(self.job)
+        self.pos.last_eval = (self.pos.step, loss, acc)
+
+    def _log(self, tally: _Tally, evaluated: bool) -> None:
+        record: dict[str, Any] = {"epoch": self.pos.epoch, "step": self.pos.step,
+                                  "train_loss": tally.loss, "train_accuracy": tally.accuracy,
+                                  "epsilon": self._epsilon_done(), "time": time.time()}
+        if evaluated and self.pos.last_eval is not None:
+            record["test_loss"], record["test_accuracy"] = self.pos.last_eval[1:]
+        self.metrics.append(record)
+
+    def _epsilon_done(self) -> float | None:
+        if not self.spend.private:
+            return None
+        return epsilon_of(self.spend.history(), self.delta, self.ledger.data["accountant"])
+
+    def _best(self) -> list[str]:
+        """["best.pt"] when keep_best and this step's evaluation beats every earlier one."""
+        if not self.settings.keep_best or self.pos.last_eval is None:
+            return []
+        step, _, acc = self.pos.last_eval
+        if acc is None or step != self.pos.step:
+            return []
+        if self.pos.best_accuracy is not None and acc <= self.pos.best_accuracy:
+            return []
+        self.pos.best_accuracy = acc
+        return ["best.pt"]
+
+    def _final_eval_and_checkpoint(self) -> None:
+        if self.pos.last_eval is None or self.pos.last_eval[0] != self.pos.step:
+            self._evaluate()
+            self.metrics.append({"epoch": self.pos.epoch, "step": self.pos.step, "final": True,
+                                 "test_loss": self.pos.last_eval[1],
+                                 "test_accuracy": self.pos.last_eval[2],
+                                 "epsilon": self._epsilon_done(), "time": time.time()})
+        if self._last_saved_step == self.pos.step:
+            return  # the end-of-epoch checkpoint already saved this very state
+        self._checkpoint(["last.pt", *self._best()])
+
+    def _checkpoint(self, names: list[str]) -> None:
+        """Save the run's state under checkpoints/<names[0]>, link the other names to it, and
+        record them all in the ledger (one write)."""
+        state = {
+            "step": self.pos.step, "epoch": self.pos.epoch,
+            "steps_in_epoch": self.pos.steps_in_epoch, "best_accuracy": self.pos.best_accuracy,
+            "config": self.job.config, "config_hash": self.ledger.data["config_hash"],
+            "model": unwrap(self.job.model).state_dict(),
+            "optimizer": self.job.optimizer.state_dict(),
+            "engine": _engine_state(self.job.engine) if self.spend.private else None,
+            "history": self.spend.history(),
+            "rng": ckpt.capture_rng_state(),
+            "generators": ckpt.generator_states(self.generators),
+            "epoch_start_generators": self._epoch_start_generators,
+        }
+        paths = [f"{ckpt.CHECKPOINT_DIRNAME}/{name}" for name in names]
+        ckpt.save_checkpoint(self.run_dir / paths[0], state)
+        for path in paths[1:]:
+            ckpt.link_checkpoint(self.run_dir / paths[0], self.run_dir / path)
+        if "last.pt" in names:
+            self._last_saved_step = self.pos.step
+        self._refresh_strategies()
+        self.ledger.record_checkpoints(paths, self.pos.step, self.pos.epoch, self.spend.history())
+
+    def _refresh_strategies(self) -> None:
+        """Ghost clipping decides per-layer strategies on the batches it sees: record them."""
+        strategies = layer_strategies(self.job.model) if self.spend.private else None
+        if strategies is not None:
+            self.ledger.data["mechanism"]["layer_strategies"] = strategies
+
+    # -- endings -------------------------------------------------------------------------------
+    def _fail(self, err: BaseException) -> None:
+        """Mark the ledger failed, keeping every committed step (never under-report)."""
+        message = f"{type(err).__name__}: {err}"
+        steps = self.pos.step if self.spend.private else self.spend.steps()
+        with contextlib.suppress(Exception):  # the original error matters more than the write
+            self.ledger.finish("failed", self.ledger.history, steps, error=message)
+
+    def _result(self, status: str) -> RunResult:
+        _, loss, acc = self.pos.last_eval or (None, None, None)
+        result = RunResult(status=status, steps=self.pos.step, epochs_completed=self.pos.epoch,
+                           epsilon=self.ledger.epsilon, delta=self.delta if self.spend.private else None,
+                           test_accuracy=acc, test_loss=loss, run_dir=self.run_dir)
+        self.display.summary(result, self.ledger)
+        return result
+
+
+# ----------------------------------------------------------------------------- job description
+def _delta(job: TrainingJob) -> float | None:
+    """The delta epsilon is reported at: privacy.target_delta, else min(1e-5, 1/N)."""
+    if job.engine is None:
+        return None
+    if job.privacy.target_delta is not None:
+        return float(job.privacy.target_delta)
+    return min(1e-5, 1.0 / max(1, job.dataset_size))
+
+
+def _accountant_name(job: TrainingJob) -> str:
+    """The name of the engine's accountant ("rdp" | "prv" | "gdp"), else the configured one."""
+    return str(getattr(job.engine.accountant, "name", job.privacy.accountant))
+
+
+def _mechanism(job: TrainingJob) -> dict[str, Any]:
+    """The ledger's description of the mechanism (DP-SGD with its sampling, clipping, noise)."""
+    p, opt = job.privacy, job.optimizer
+    mechanism: dict[str, Any] = {
+        "algorithm": "DP-SGD",
+        "sampling": "poisson" if p.poisson_sampling else "shuffle (no amplification proof)",
+        "clipping": p.clipping,
+        "max_grad_norm": float(getattr(opt, "max_grad_norm", p.max_grad_norm)),
+        "noise": "gaussian",
+        "noise_multiplier": float(getattr(opt, "noise_multiplier", p.noise_multiplier)),
+        "sample_rate": float(getattr(opt, "sample_rate", p.sample_rate)),
+        "expected_batch_size": getattr(opt, "expected_batch_size", None),
+        "secure_mode": bool(p.secure_mode),
+        "grad_sample_mode": p.grad_sample_mode,
+        "noise_schedule": dict(p.noise_schedule),
+    }
+    strategies = layer_strategies(job.model)
+    if strategies is not None:
+        mechanism["layer_strategies"] = strategies
+    return mechanism
+
+
+def layer_strategies(model: nn.Module) -> dict[str, str] | None:
+    """The per-layer clipping choices of a ghost-clipping model ({layer: "ghost" |
+    "instantiate"}, filled in as batches are seen); None for a model without them."""
+    strategies = getattr(model, "layer_strategies", None)
+    if not callable(strategies):
+        return None
+    return {str(k): str(v) for k, v in dict(strategies()).items()}
+
+
+def _engine_state(engine: Any) -> dict[str, Any]:
+    """The engine's state_dict when it has one, else its accountant's."""
+    if hasattr(engine, "state_dict"):
+        return {"engine": engine.state_dict()}
+    return {"accountant": engine.accountant.state_dict()}
+
+
+def _load_engine_state(engine: Any, state: dict[str, Any]) -> None:
+    """Inverse of `_engine_state`."""
+    if "engine" in state:
+        engine.load_state_dict(state["engine"])
+    else:
+        engine.accountant.load_state_dict(state["accountant"])
+
+
+def _check_settings(job: TrainingJob, settings: TrainSettings) -> None:
+    """ConfigError for loop settings that cannot be used, naming the `train.*` key."""
+    checks = [
+        (settings.epochs >= 0, "train.epochs", settings.epochs, "a number of epochs >= 0"),
+        (settings.eval_every >= 0, "train.eval_every", settings.eval_every, "an integer >= 0"),
+        (settings.checkpoint_every >= 0, "train.checkpoint_every", settings.checkpoint_every,
+         "an integer >= 0"),
+        (settings.max_steps is None or settings.max_steps >= 0, "train.max_steps",
+         settings.max_steps, "null or an integer >= 0"),
+        (settings.max_physical_batch_size is None or settings.max_physical_batch_size > 0,
+         "train.max_physical_batch_size", settings.max_physical_batch_size, "null or > 0"),
+        (job.precision in ("fp32", "bf16"), "precision", job.precision, "`fp32` or `bf16`"),
+    ]
+    for ok, key, value, want in checks:
+        if not ok:
+            raise ConfigError(f"{key}={value!r} cannot be used: set it to {want}.")
+
+
+def train(job: TrainingJob, settings: TrainSettings) -> RunResult:
+    """Run a training job: loop, evaluation, metrics, ledger, checkpoints, resume, budget guard.
+
+    Raises ConfigError before training when the run folder cannot be written, a setting is
+    invalid, or the resume checkpoint is missing, corrupt or from another config; raises
+    BudgetExhaustedError when resuming a run whose budget is already spent.
+    """
+    _check_settings(job, settings)
+    run_dir = ensure_writable_dir(settings.run_dir)
+    seed_everything(settings.seed)
+    run = _Run(job, settings, run_dir)
+    run.resume()
+    from dptrain.distributed.runtime import barrier
+
+    barrier()  # hardware=ddp: rank 0 writes its ledger only after every rank has read the folder
+    return run.run()

@@ -1,0 +1,9 @@
+"""Data for private training: Poisson sampling, virtual batches, datasets (issue 5).
+
+Datasets live in `dptrain.data.datasets` (imported on demand, not here).
+"""
+
+from dptrain.data.sampling import DPDataLoader, PoissonBatchSampler
+from dptrain.data.virtual import BatchMemoryManager
+
+__all__ = ["BatchMemoryManager", "DPDataLoader", "PoissonBatchSampler"]

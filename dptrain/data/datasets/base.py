@@ -1,0 +1,138 @@
+"""In-memory datasets shared by every loader: the split container, the tensor dataset, subsets.
+
+All loaders return a `DatasetSplits` whose `train`/`test` are `ArrayDataset`s: features kept in
+their compact stored dtype (uint8 images, int64 token ids) and turned into model inputs one batch
+at a time by a picklable `transform`, so MNIST/CIFAR-10 stay at one byte per pixel in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.utils.data import Dataset
+
+from dptrain.errors import ConfigError
+
+BatchTransform = Callable[[torch.Tensor], torch.Tensor]
+
+
+class Normalize:
+    """Batch transform: stored integers [B, C, *spatial] -> float32 ((x / scale) - mean) / std.
+
+    `mean` and `std` hold one value per channel (dim 1) or a single value for every feature.
+    """
+
+    def __init__(self, scale: float, mean: Sequence[float] = (0.0,), std: Sequence[float] = (1.0,)):
+        self.scale = float(scale)
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.to(torch.float32) / self.scale
+        if len(self.mean) == 1:
+            return (out - self.mean[0]) / self.std[0]
+        shape = (1, len(self.mean)) + (1,) * (out.dim() - 2)
+        mean = torch.tensor(self.mean).view(shape)
+        std = torch.tensor(self.std).view(shape)
+        return (out - mean) / std
+
+
+class ArrayDataset(Dataset):
+    """Examples held as tensors: `features` [N, *sample_shape], `labels` int64 [N].
+
+    `dataset[i]` is `(transform(features[i:i+1])[0], labels[i])`; `__getitems__` (used by the
+    DataLoader for a whole batch of indices) transforms the batch in one vectorized call.
+    """
+
+    def __init__(
+        self,
+        features: torch.Tensor,
+        labels: torch.Tensor,
+        transform: BatchTransform | None = None,
+    ) -> None:
+        if len(features) != len(labels):
+            raise ValueError(f"{len(features)} feature rows but {len(labels)} labels")
+        self.features = features
+        self.labels = labels.to(torch.int64)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def _inputs(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.transform(rows) if self.transform is not None else rows
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._inputs(self.features[index : index + 1])[0], self.labels[index]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        idx = torch.as_tensor(list(indices), dtype=torch.int64)
+        inputs = self._inputs(self.features[idx])
+        return list(zip(inputs.unbind(0), self.labels[idx].unbind(0)))
+
+    def subset(self, indices: torch.Tensor) -> "ArrayDataset":
+        """The examples at `indices` (int64 [n]) as a new dataset sharing the transform."""
+        return ArrayDataset(self.features[indices], self.labels[indices], self.transform)
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """Shape of one model input (after the transform), e.g. (1, 28, 28)."""
+        return tuple(self[0][0].shape) if len(self) else tuple(self.features.shape[1:])
+
+
+@dataclass
+class DatasetSplits:
+    """A dataset's train and test splits plus what the model config needs to know.
+
+    `info` carries loader-specific facts (e.g. IMDb's `vocab_size` and `max_len`).
+    """
+
+    name: str
+    train: ArrayDataset
+    test: ArrayDataset
+    num_classes: int
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def capped(self, max_samples: int | None, seed: int) -> "DatasetSplits":
+        """Both splits cut to at most `max_samples` examples, chosen by a seeded permutation."""
+        if max_samples is None:
+            return self
+        return DatasetSplits(
+            self.name,
+            random_subset(self.train, max_samples, seed),
+            random_subset(self.test, max_samples, seed + 1),
+            self.num_classes,
+            dict(self.info),
+        )
+
+
+def random_subset(dataset: ArrayDataset, max_samples: int, seed: int) -> ArrayDataset:
+    """At most `max_samples` examples of `dataset`, drawn without replacement (seeded)."""
+    if max_samples >= len(dataset):
+        return dataset
+    generator = torch.Generator().manual_seed(seed)
+    return dataset.subset(torch.randperm(len(dataset), generator=generator)[:max_samples])
+
+
+def require_files(name: str, paths: Sequence[Path], root: Path) -> None:
+    """Raise ConfigError naming the first missing file and how to get the dataset."""
+    for path in paths:
+        if not path.exists():
+            raise ConfigError(
+                f"dataset '{name}' is not on disk: {path} does not exist (dataset.root={root}). "
+                f"Add dataset.download=true to download it into dataset.root, point dataset.root "
+                f"at a folder that holds it, or use dataset.synthetic=true for random data of the "
+                f"same shapes."
+            )
+
+
+def download_failed(name: str, root: Path, error: Exception) -> ConfigError:
+    """The error for a download that did not work (offline machine, blocked URL...)."""
+    return ConfigError(
+        f"dataset '{name}': downloading into dataset.root={root} failed ({error}). Check the "
+        f"network, or copy the files there by hand and run with dataset.download=false, or use "
+        f"dataset.synthetic=true."
+    )

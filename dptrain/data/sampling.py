@@ -1,0 +1,207 @@
+"""Poisson sampling: each example joins each batch independently with probability q.
+
+`PoissonBatchSampler` yields lists of indices whose lengths are Binomial(N, q) (possibly 0);
+`DPDataLoader.from_data_loader(loader)` rebuilds a loader around it, keeping the dataset, the
+workers and the collate function, and yielding empty batches as tensors with 0 rows and the right
+trailing shape (the default collate cannot collate an empty list).
+
+The coin flips come from `dptrain.privacy.noise.uniform`: a seeded torch.Generator (reproducible)
+or, in secure mode, the OS CSPRNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from dptrain.errors import ConfigError
+from dptrain.privacy.noise import make_generator, uniform
+
+
+def _check_rate(sample_rate: float, argument: str) -> float:
+    from dptrain.privacy.optimizer import check_sample_rate
+
+    return check_sample_rate(sample_rate, argument)
+
+
+class PoissonBatchSampler(Sampler[list[int]]):
+    """Batches of a Poisson-sampled subset of range(num_samples).
+
+    Args:
+        num_samples: N, the dataset size.
+        sample_rate: q in (0, 1], each example's inclusion probability per batch.
+        steps: batches per epoch (default round(1 / q)).
+        generator: seeded CPU torch.Generator (reproducible mode; default: one seeded from torch's
+            global RNG, so torch.manual_seed makes the batches repeat).
+        secure: draw the coin flips from the OS CSPRNG instead (generator ignored).
+        sample_rate_schedule: optional fn(batch_index) -> q; batch_index counts every batch this
+            sampler has drawn (across epochs), so q follows the optimizer's step count even when
+            a DataLoader prefetches batches.
+    """
+
+    def __init__(self, num_samples: int, sample_rate: float, steps: int | None = None,
+                 generator: torch.Generator | None = None, secure: bool = False,
+                 sample_rate_schedule: Callable[[int], float] | None = None) -> None:
+        if int(num_samples) != num_samples or num_samples < 1:
+            raise ConfigError(f"num_samples={num_samples!r} must be a dataset size >= 1.")
+        self.num_samples = int(num_samples)
+        self.sample_rate = _check_rate(sample_rate, "sample_rate")
+        if steps is None:
+            steps = max(1, round(1.0 / self.sample_rate))
+        if int(steps) != steps or steps < 1:
+            raise ConfigError(f"steps={steps!r} must be an integer >= 1 (batches per epoch).")
+        self.steps = int(steps)
+        if generator is None and not secure:
+            generator = make_generator(int(torch.randint(0, 2**62, (1,)).item()))
+        self.generator = generator
+        self.secure = bool(secure)
+        self.sample_rate_schedule = sample_rate_schedule
+        self.batches_drawn = 0
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def _rate(self) -> float:
+        if self.sample_rate_schedule is None:
+            return self.sample_rate
+        return _check_rate(self.sample_rate_schedule(self.batches_drawn),
+                           f"sample_rate_schedule (value at batch {self.batches_drawn})")
+
+    def draw(self) -> list[int]:
+        """One Poisson batch: the indices i with uniform_i < q (sorted; possibly empty)."""
+        rate = self._rate()
+        mask = uniform(self.num_samples, self.generator, self.secure) < rate
+        self.batches_drawn += 1
+        return mask.nonzero().flatten().tolist()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _ in range(self.steps):
+            yield self.draw()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Batches drawn and (reproducible mode) the generator state, for exact resume."""
+        state: dict[str, Any] = {"batches_drawn": self.batches_drawn}
+        if not self.secure:
+            state["generator"] = self.generator.get_state()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.batches_drawn = int(state["batches_drawn"])
+        if not self.secure and state.get("generator") is not None:
+            self.generator.set_state(state["generator"])
+
+
+def _empty_like(batch: Any) -> Any:
+    """The same structure with every tensor cut to 0 rows (lists emptied, other leaves kept)."""
+    if isinstance(batch, torch.Tensor):
+        return batch[:0]
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(_empty_like(b) for b in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_empty_like(b) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _empty_like(v) for k, v in batch.items()}
+    return batch
+
+
+class EmptyBatchCollate:
+    """Wrap a collate function so an empty index list gives a 0-row batch of the right shape.
+
+    The shape and dtype come from collating dataset[0] and cutting every tensor to 0 rows.
+    """
+
+    def __init__(self, collate_fn: Callable[[list[Any]], Any], dataset: Dataset) -> None:
+        self.collate_fn = collate_fn
+        self.dataset = dataset
+
+    def __call__(self, samples: list[Any]) -> Any:
+        if len(samples) > 0:
+            return self.collate_fn(samples)
+        return _empty_like(self.collate_fn([self.dataset[0]]))
+
+
+def dataset_size(data_loader: DataLoader, argument: str = "data_loader") -> int:
+    """N = len(data_loader.dataset), or ConfigError naming `argument` when it has no length."""
+    dataset = getattr(data_loader, "dataset", None)
+    try:
+        size = len(dataset)  # type: ignore[arg-type]
+    except TypeError:
+        size = None
+    if not size:
+        raise ConfigError(f"{argument} must be a torch DataLoader over a map-style dataset with a "
+                          f"known, non-zero length (got dataset {type(dataset).__name__}): Poisson "
+                          "sampling and privacy accounting need N. Iterable datasets are not "
+                          "supported.")
+    return int(size)
+
+
+class DPDataLoader(DataLoader):
+    """A DataLoader whose batches are Poisson samples (see `PoissonBatchSampler`).
+
+    `sample_rate` is the initial q and `len(loader)` the batches per epoch.
+    """
+
+    def __init__(self, dataset: Dataset, sample_rate: float, *, steps: int | None = None,
+                 generator: torch.Generator | None = None, secure: bool = False,
+                 sample_rate_schedule: Callable[[int], float] | None = None,
+                 collate_fn: Callable[[list[Any]], Any] | None = None, **loader_kwargs: Any) -> None:
+        from torch.utils.data.dataloader import default_collate
+
+        sampler = PoissonBatchSampler(len(dataset), sample_rate, steps=steps, generator=generator,
+                                      secure=secure, sample_rate_schedule=sample_rate_schedule)
+        super().__init__(dataset, batch_sampler=sampler,
+                         collate_fn=EmptyBatchCollate(collate_fn or default_collate, dataset),
+                         **loader_kwargs)
+        self.sample_rate = sampler.sample_rate
+
+    @property
+    def poisson_sampler(self) -> PoissonBatchSampler:
+        return self.batch_sampler  # type: ignore[return-value]
+
+    @classmethod
+    def from_data_loader(cls, data_loader: DataLoader, *, sample_rate: float | None = None,
+                         generator: torch.Generator | None = None, secure: bool = False,
+                         sample_rate_schedule: Callable[[int], float] | None = None,
+                         steps: int | None = None) -> DPDataLoader:
+        """A Poisson loader over `data_loader`'s dataset, keeping its workers and collate.
+
+        The default q is batch_size / N (or 1 / len(data_loader) when it has a batch sampler),
+        and the default steps per epoch len(data_loader).
+        """
+        size = dataset_size(data_loader)
+        if sample_rate is None:
+            sample_rate = default_sample_rate(data_loader, size)
+        if steps is None:
+            steps = len(data_loader) if len(data_loader) > 0 else None
+        return cls(data_loader.dataset, _check_rate(sample_rate, "data_loader batch_size / N"),
+                   steps=steps, generator=generator, secure=secure,
+                   sample_rate_schedule=sample_rate_schedule, collate_fn=data_loader.collate_fn,
+                   **_loader_kwargs(data_loader))
+
+
+def default_sample_rate(data_loader: DataLoader, size: int) -> float:
+    """q = batch_size / N for a DataLoader with a batch_size, else 1 / len(data_loader)."""
+    if isinstance(data_loader, DPDataLoader):
+        return data_loader.sample_rate
+    if data_loader.batch_size is not None:
+        return data_loader.batch_size / size
+    return 1.0 / len(data_loader)
+
+
+def _loader_kwargs(data_loader: DataLoader) -> dict[str, Any]:
+    """The worker/memory settings of `data_loader` that a rebuilt loader should keep."""
+    kwargs: dict[str, Any] = {
+        "num_workers": data_loader.num_workers,
+        "pin_memory": data_loader.pin_memory,
+        "timeout": data_loader.timeout,
+        "worker_init_fn": data_loader.worker_init_fn,
+        "multiprocessing_context": data_loader.multiprocessing_context,
+        "persistent_workers": data_loader.persistent_workers,
+    }
+    if data_loader.num_workers > 0:
+        kwargs["prefetch_factor"] = data_loader.prefetch_factor
+    return kwargs
+

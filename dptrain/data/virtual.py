@@ -1,0 +1,116 @@
+"""Virtual batches: process a logical batch in physical chunks, stepping once at its end.
+
+    with BatchMemoryManager(data_loader=loader, max_physical_batch_size=64,
+                            optimizer=optimizer) as physical_loader:
+        for x, y in physical_loader:          # the user's loop is unchanged
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()                  # clip+accumulate only, except on a logical batch's last chunk
+
+Each logical batch (e.g. a Poisson batch of any size) is split along dim 0 into chunks of at most
+`max_physical_batch_size` rows. Before yielding a chunk the manager tells the optimizer whether
+the coming `step()` is a skipped one (`signal_skip_step`), so the noise is added once per logical
+batch and the accountant is stepped once. An empty logical batch is yielded as one empty chunk
+(its step still adds noise and is accounted). Memory: only one chunk's activations and
+per-sample gradients exist at a time; the collated logical batch of inputs is held on the host.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+from dptrain.errors import ConfigError
+
+
+def _leading_size(batch: Any) -> int | None:
+    """dim 0 of the first tensor found in `batch` (tensor / tuple / list / dict), or None."""
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] if batch.dim() > 0 else None
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
+    for item in items:
+        size = _leading_size(item)
+        if size is not None:
+            return size
+    return None
+
+
+def _slice(batch: Any, start: int, stop: int, size: int) -> Any:
+    """Rows [start, stop) of every tensor of `batch` whose dim 0 is `size`; other leaves as is."""
+    if isinstance(batch, torch.Tensor):
+        return batch[start:stop] if batch.dim() > 0 and batch.shape[0] == size else batch
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(_slice(b, start, stop, size) for b in batch))
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_slice(b, start, stop, size) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _slice(v, start, stop, size) for k, v in batch.items()}
+    return batch
+
+
+def split_batch(batch: Any, max_size: int) -> list[Any]:
+    """Split a collated batch along dim 0 into ceil(B / max_size) chunks (one chunk if B <= max
+    or B == 0)."""
+    size = _leading_size(batch)
+    if size is None or size <= max_size:
+        return [batch]
+    count = math.ceil(size / max_size)
+    return [_slice(batch, i * max_size, min(size, (i + 1) * max_size), size) for i in range(count)]
+
+
+class _PhysicalBatches:
+    """Iterable over the physical chunks of `data_loader`'s logical batches."""
+
+    def __init__(self, data_loader: Iterable[Any], max_size: int, optimizer: Any) -> None:
+        self.data_loader = data_loader
+        self.max_size = max_size
+        self.optimizer = optimizer
+
+    def __len__(self) -> int:
+        """The number of logical batches (the number of real optimizer steps) per epoch."""
+        return len(self.data_loader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.data_loader:
+            chunks = split_batch(batch, self.max_size)
+            for index, chunk in enumerate(chunks):
+                self.optimizer.signal_skip_step(index < len(chunks) - 1)
+                yield chunk
+
+
+class BatchMemoryManager:
+    """Context manager yielding an iterable of physical chunks (see the module docstring).
+
+    Args:
+        data_loader: the private loader (logical batches).
+        max_physical_batch_size: the most rows per chunk (>= 1).
+        optimizer: the DPOptimizer returned by make_private.
+    """
+
+    def __init__(self, *, data_loader: Iterable[Any], max_physical_batch_size: int,
+                 optimizer: Any) -> None:
+        if (isinstance(max_physical_batch_size, bool) or int(max_physical_batch_size)
+                != max_physical_batch_size or max_physical_batch_size < 1):
+            raise ConfigError(f"max_physical_batch_size={max_physical_batch_size!r} must be an "
+                              "integer >= 1 (the most samples processed at once).")
+        if not callable(getattr(optimizer, "signal_skip_step", None)):
+            raise ConfigError(f"optimizer={type(optimizer).__name__} cannot skip steps: pass the "
+                              "DPOptimizer returned by PrivacyEngine.make_private.")
+        self.data_loader = data_loader
+        self.max_physical_batch_size = int(max_physical_batch_size)
+        self.optimizer = optimizer
+
+    def __enter__(self) -> _PhysicalBatches:
+        return _PhysicalBatches(self.data_loader, self.max_physical_batch_size, self.optimizer)
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Leaving mid-way through a logical batch discards its accumulated chunks (they were
+        never released), so they cannot leak into the next logical batch's step."""
+        discard = getattr(self.optimizer, "discard_partial_batch", None)
+        if callable(discard):
+            discard()
+        else:
+            self.optimizer.signal_skip_step(False)

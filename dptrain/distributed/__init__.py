@@ -1,0 +1,37 @@
+"""Distributed DP-SGD on torch.distributed (issue 9): many processes, privacy unchanged.
+
+* `DistributedPoissonBatchSampler` / `DistributedDPDataLoader`: each rank samples its
+  rank-strided shard; the union is a Poisson sample of the whole dataset with rate q.
+* `DistributedDPOptimizer`: clipped sums all-reduced across ranks, noise added once (rank 0).
+* `unwrap_ddp`: `make_private` accepts a DistributedDataParallel model.
+* `setup_from_env`, `relaunch_with_torchrun`, `check_same_config`: the `hardware=ddp` CLI glue.
+* `is_main_process`, `get_rank`, `get_world_size`, `barrier`: rank-0-only writes and syncs.
+
+Public names are imported lazily (importing this package does not import torch.distributed).
+"""
+
+from importlib import import_module
+from typing import Any
+
+_PUBLIC = {
+    "DistributedPoissonBatchSampler": "dptrain.distributed.sampling",
+    "DistributedDPDataLoader": "dptrain.distributed.sampling",
+    "DistributedDPOptimizer": "dptrain.distributed.optimizer",
+    "unwrap_ddp": "dptrain.distributed.ddp",
+    "setup_from_env": "dptrain.distributed.launch",
+    "relaunch_with_torchrun": "dptrain.distributed.launch",
+    "check_same_config": "dptrain.distributed.launch",
+    "is_main_process": "dptrain.distributed.runtime",
+    "get_rank": "dptrain.distributed.runtime",
+    "get_world_size": "dptrain.distributed.runtime",
+    "is_distributed": "dptrain.distributed.runtime",
+    "barrier": "dptrain.distributed.runtime",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        return getattr(import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'dptrain.distributed' has no attribute {name!r}")

@@ -1,0 +1,112 @@
+"""DistributedDPOptimizer: the DP-SGD step of one logical batch spread over W processes.
+
+Each rank clips the per-sample gradients of ITS shard of the logical batch (any per-sample
+gradient mode, any number of physical chunks: `clip_and_accumulate` is unchanged), then at the
+reduction point `_combine_clipped_sums` ONE all-reduce (sum) gives every rank
+
+    S = sum over ranks of the clipped sums            (the global clipped sum)
+    Z = the noise drawn by rank 0 alone, N(0, (sigma * C)^2) per coordinate,
+
+packed into one flat buffer. The base class then writes p.grad = (S + Z) / (q * N) on every rank.
+
+Why this design:
+* Noise is drawn exactly once per logical step, by rank 0, from the engine's noise generator (or
+  the OS CSPRNG in secure mode): its std is sigma * C, not sqrt(W) * sigma * C (every rank
+  drawing its own full noise) and never missing. The other ranks contribute zeros to Z.
+* Every rank receives the same S + Z bit for bit (one collective), so the models stay identical
+  without broadcasting parameters, and the noise stream is the one a single-process run would
+  draw: with the same seed, a W-process run reproduces the single-process run.
+* `p.summed_grad` holds the noiseless global sum S, as on one process.
+* Secure mode keeps working: rank 0's CSPRNG draw reaches the others through the all-reduce
+  (splitting the noise as W draws of std sigma*C/sqrt(W) would need W independent sources and
+  leave each rank knowing part of the noise).
+Cost: the all-reduce carries 2x the parameters (S and Z) when sigma > 0, 1x when sigma = 0.
+
+Adaptive clipping: the unclipped counts of the ranks are summed in the same all-reduce, and the
+count noise is drawn by rank 0 and shared (a one-number all-reduce), so the bound stays equal on
+every rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from dptrain.distributed.runtime import get_rank, get_world_size
+from dptrain.privacy.optimizer import DPOptimizer
+
+
+def _flat_dtype(params: list[nn.Parameter]) -> torch.dtype:
+    """float64 when any parameter is float64, else float32 (the noise dtypes of DPOptimizer)."""
+    return torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
+
+
+class DistributedDPOptimizer(DPOptimizer):
+    """A DPOptimizer whose clipped sums are all-reduced across `group` before the noise.
+
+    Args: as `DPOptimizer`, plus `group`: the process group (default: the world; DDP's
+    `process_group` when made private from a DDP model). Every rank must call `step()` once per
+    logical batch (virtual-batch chunks are local and may differ in number across ranks).
+    """
+
+    def __init__(self, *args: Any, group: Any = None, **kwargs: Any) -> None:
+        self.group = group
+        self.rank = get_rank(group)
+        self.world_size = get_world_size(group)
+        self._pending_noise: dict[nn.Parameter, Tensor] = {}
+        super().__init__(*args, **kwargs)
+
+    def _gradient_noise_std(self) -> float:
+        """sigma_grad * C: the std of the gradient noise, in gradient units (as DPOptimizer)."""
+        return self.clipper.gradient_noise_multiplier(self.noise_multiplier) * self.clipper.max_grad_norm
+
+    def _all_reduce(self, flat: Tensor) -> Tensor:
+        """Sum `flat` over the ranks of the group, in place; returns it."""
+        if self.world_size > 1:
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+        return flat
+
+    def _combine_clipped_sums(self, sums: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
+        """All-reduce the clipped sums {p: Tensor[*p.shape]} with rank 0's noise (see module doc).
+
+        Returns the global clipped sums; the global noise waits in `_pending_noise` for `_noise`.
+        """
+        params = list(sums)
+        std = self._gradient_noise_std()
+        pieces = [sums[p].reshape(-1) for p in params]
+        if std > 0:
+            noises = [super(DistributedDPOptimizer, self)._noise(p, std) if self.rank == 0
+                      else torch.zeros_like(p, dtype=_flat_dtype([p])) for p in params]
+            pieces += [n.reshape(-1) for n in noises]
+        counts = hasattr(self.clipper, "unclipped_count")
+        device = params[0].device if params else torch.device("cpu")
+        if counts:
+            pieces.append(torch.tensor([float(self.clipper.unclipped_count)], device=device))
+        dtype = _flat_dtype(params)
+        flat = self._all_reduce(torch.cat([t.to(dtype) for t in pieces]) if pieces
+                                else torch.zeros(0, dtype=dtype, device=device))
+        if counts:
+            self.clipper.unclipped_count = float(flat[-1])
+        sizes = [p.numel() for p in params]
+        total = sum(sizes)
+        combined = {p: c.view_as(p).to(p.dtype) for p, c in zip(params, flat[:total].split(sizes))}
+        self._pending_noise = ({p: c.view(p.shape) for p, c in
+                                zip(params, flat[total:2 * total].split(sizes))} if std > 0 else {})
+        return combined
+
+    def _noise(self, p: nn.Parameter, std: float) -> Tensor:
+        """The global noise of `p` from the last all-reduce (zeros when std == 0)."""
+        noise = self._pending_noise.pop(p, None)
+        if noise is None:
+            dtype = _flat_dtype([p])
+            return torch.zeros(p.shape, dtype=dtype, device=p.device)
+        return noise
+
+    def _scalar_noise(self, std: float) -> float:
+        """One N(0, std^2) draw by rank 0, shared with every rank (adaptive clipping's count)."""
+        value = super()._scalar_noise(std) if self.rank == 0 else 0.0
+        device = self.params[0].device if self.params else torch.device("cpu")
+        return float(self._all_reduce(torch.tensor([value], dtype=torch.float64, device=device))[0])

@@ -1,0 +1,399 @@
+"""GhostClippingModule: DP clipping in one backward pass without per-sample gradients (issue 7).
+
+The module reuses :class:`~dptrain.grad_sample.module.GradSampleModule`'s capture (forward hooks
+store each layer call's inputs A, tensor hooks hand over the output gradients G, uses within a pass
+sum and passes concatenate) and replaces what happens per layer on backward:
+
+- *ghost* layers (a norm sampler and a clipped-sum rule exist, the cost rule says ghost is cheaper
+  for these shapes, see :mod:`~dptrain.grad_sample.ghost_math`) keep A and G; their per-sample
+  squared norms come from the norm sampler and their clipped sum ``sum_i c_i grad_i`` is one
+  weighted matmul/kernel call (book-keeping, Bu et al. 2023);
+- *instantiate* layers (normalisation layers, convolutions with many positions, layers without
+  rules, layers sharing a parameter with another layer) get their per-sample gradients from their
+  grad sampler at once (G is freed) and the clipped sum is a weighted sum of those.
+
+The choice is made per layer from the actual shapes, logged once per layer (logger
+``dptrain.grad_sample.ghost``) and exposed by :meth:`GhostClippingModule.layer_strategies`.
+
+Autograd never computes the non-private parameter gradients that clipping would throw away: while
+a hooked layer runs its forward, its parameters are made not to require grad (restored right after,
+even on error); when nothing else in the call requires grad (a first layer), its output is attached
+to the graph through a zero-cost autograd node so that its gradient still flows to the hooks.
+Consequently ``p.grad`` stays ``None`` after backward and ``p.grad_sample`` is never set: the DP
+optimizer uses only the clipping interface (``squared_norms``, ``weighted_sum``...) and writes
+``p.grad`` itself.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from collections.abc import Iterator
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+from torch.utils._pytree import tree_leaves
+
+from dptrain.errors import ConfigError, UnsupportedModuleError
+from dptrain.grad_sample import ghost_conv, ghost_embedding, ghost_linear, ghost_normalization  # noqa: F401
+from dptrain.grad_sample.ghost_math import norm_dtype, sq_norms, weighted_sample_sum
+from dptrain.grad_sample.ghost_registry import (
+    Use,
+    get_clipped_sum,
+    get_ghost_cost,
+    get_instantiator,
+    get_use_merger,
+)
+from dptrain.grad_sample.module import LOSS_REDUCTIONS, GradSampleModule, LayerCall, _trainable_direct
+from dptrain.grad_sample.registry import get_grad_sampler, get_norm_sampler
+
+logger = logging.getLogger(__name__)
+
+STRATEGIES = ("auto", "ghost", "instantiate")
+GHOST, INSTANTIATE = "ghost", "instantiate"
+
+
+class _AttachToGraph(torch.autograd.Function):
+    """Identity on ``output`` that makes it require grad through a dummy leaf (no copy).
+
+    ``output`` is marked dirty, so it stays an ordinary (non-view) tensor on which later in-place
+    operations (``ReLU(inplace=True)``) are allowed; its gradient passes through unchanged.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, anchor: Tensor, output: Tensor) -> Tensor:
+        ctx.mark_dirty(output)
+        return output
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor]:
+        return None, grad
+
+
+@dataclass
+class _GhostEntry:
+    """What one ghost layer left from one pass.
+
+    Attributes:
+        layer: the layer.
+        uses: ``(activations, backprops)`` per call in the pass (merged lazily into one).
+        norms: cached ``{param: Tensor[B_pass]}`` (cleared when a use is added).
+    """
+
+    layer: nn.Module
+    name: str
+    uses: list[Use] = field(default_factory=list)
+    norms: Optional[dict[nn.Parameter, Tensor]] = None
+
+
+class GhostClippingModule(GradSampleModule):
+    """A GradSampleModule whose clipping interface is served by ghost norms + book-keeping.
+
+    Args:
+        model, batch_first, loss_reduction: as :class:`GradSampleModule`.
+        strategy: ``"auto"`` (per layer, cheaper of ghost and instantiate), ``"ghost"`` (ghost
+            wherever a layer has the rules) or ``"instantiate"`` (always form per-sample grads;
+            for comparisons).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        batch_first: bool = True,
+        loss_reduction: str = "mean",
+        strategy: str = "auto",
+    ) -> None:
+        if strategy not in STRATEGIES:
+            raise ConfigError(
+                f"GhostClippingModule(strategy={strategy!r}) is not supported: use 'auto' (choose per "
+                f"layer from the shapes), 'ghost' or 'instantiate'."
+            )
+        if loss_reduction not in LOSS_REDUCTIONS:
+            raise ConfigError(
+                f"GhostClippingModule(loss_reduction={loss_reduction!r}) is not supported: use 'mean' "
+                f"if your loss averages over the batch (torch's default) or 'sum' if it sums."
+            )
+        # The base scales every backprop by B for a mean loss; the per-sample quantities here are
+        # linear (sums) or quadratic (norms) in the backprops, so the factor is applied to those
+        # [B]-sized results instead (see _pass_scale), sparing one pass over every layer's G.
+        super().__init__(model, batch_first=batch_first, loss_reduction="sum")
+        self.mean_loss = loss_reduction == "mean"
+        self.strategy = strategy
+        self._ghost: dict[tuple[int, int], _GhostEntry] = {}
+        self._instantiated: dict[int, dict[nn.Parameter, Tensor]] = {}
+        self._pass_sizes: dict[int, int] = {}
+        self._strategies: dict[str, str] = {}
+        self._shared = _layers_sharing_parameters(model)
+        self._frozen_by_us: dict[int, list[nn.Parameter]] = {}
+        self._grad_before: dict[int, Optional[tuple[int, int]]] = {}
+        self._anchor = torch.zeros((), requires_grad=True)
+        self._add_grad_skipping_hooks()
+
+    # ------------------------------------------------------------------ skipping p.grad
+    def _add_grad_skipping_hooks(self) -> None:
+        """Pre-hook: params stop requiring grad; hook (runs first, always): restore + attach."""
+        for _, layer in self._module.named_modules():
+            if next(layer.parameters(recurse=False), None) is None:
+                continue
+            self._handles.append(layer.register_forward_pre_hook(self._freeze_params))
+            self._handles.append(
+                layer.register_forward_hook(self._restore_params, prepend=True, always_call=True)
+            )
+
+    def _freeze_params(self, layer: nn.Module, args: tuple) -> None:
+        """Make the layer's trainable own params not require grad for this forward call."""
+        if not self._capturing(layer) or id(layer) in self._frozen_by_us:
+            return
+        params = _trainable_direct(layer)
+        for p in params:
+            self._grad_before.setdefault(id(p), _grad_state(p))
+            p.requires_grad_(False)
+        self._frozen_by_us[id(layer)] = params
+
+    def _restore_params(self, layer: nn.Module, args: tuple, output: Any) -> None:
+        """Restore requires_grad; attach outputs to the graph when nothing else did."""
+        params = self._frozen_by_us.pop(id(layer), None)
+        if params is None:
+            return
+        for p in params:
+            p.requires_grad_(True)
+        for out in tree_leaves(output):
+            if isinstance(out, Tensor) and out.is_floating_point() and not out.requires_grad:
+                _AttachToGraph.apply(self._anchor, out)
+
+    # ------------------------------------------------------------------ per-layer work
+    def _on_backprop(self, call: LayerCall, activations: list[Any], backprops: Tensor | tuple[Tensor, ...]) -> None:
+        """Keep A and G (ghost) or instantiate the per-sample gradients now (instantiate)."""
+        self._pass_sizes.setdefault(call.pass_id, call.batch_size)  # also the mean's factor
+        key = (call.pass_id, id(call.layer))
+        entry = self._ghost.get(key)
+        if entry is not None and get_use_merger(call.layer) is None:
+            self._instantiate_uses(call, self._ghost.pop(key))  # a second use that cannot merge
+            entry = None
+        elif entry is None and self._choose(call, activations, backprops) == GHOST:
+            entry = self._ghost[key] = _GhostEntry(call.layer, call.name)
+        if entry is not None:
+            entry.uses.append((list(activations), backprops))
+            entry.norms = None
+        else:
+            self._add_grads(call.pass_id, self._instantiate(call, activations, backprops))
+
+    def _instantiate(self, call: LayerCall, activations: list[Any], backprops: Tensor | tuple) -> dict[nn.Parameter, Tensor]:
+        """Per-sample gradients of one call: the layer's instantiator if any, else its grad sampler."""
+        instantiator = get_instantiator(call.layer)
+        if instantiator is None or not isinstance(backprops, Tensor):
+            return self._per_sample_grads(call, activations, backprops)
+        return _trainable_only(call.layer, instantiator(call.layer, activations, backprops))
+
+    def _choose(self, call: LayerCall, activations: list[Any], backprops: Tensor | tuple) -> str:
+        """GHOST or INSTANTIATE for this layer call; logged the first time per layer."""
+        layer = call.layer
+        capable = (
+            isinstance(backprops, Tensor)
+            and get_norm_sampler(layer) is not None
+            and get_clipped_sum(layer) is not None
+            and id(layer) not in self._shared
+        )
+        if not capable or self.strategy == INSTANTIATE:
+            choice = INSTANTIATE
+        elif self.strategy == GHOST:
+            choice = GHOST
+        else:
+            cost = get_ghost_cost(layer)
+            choice = GHOST if cost is None or cost(layer, activations, backprops) else INSTANTIATE
+        if call.name not in self._strategies:
+            logger.info("ghost clipping: layer '%s' (%s) -> %s", call.name, type(layer).__name__, choice)
+        self._strategies[call.name] = choice
+        return choice
+
+    def _instantiate_uses(self, call: LayerCall, entry: _GhostEntry) -> None:
+        """Instantiate the stored uses of a ghost entry (its layer is now instantiated)."""
+        for activations, backprops in entry.uses:
+            self._add_grads(call.pass_id, self._instantiate(call, activations, backprops))
+        self._strategies[call.name] = INSTANTIATE
+
+    def _add_grads(self, pass_id: int, grads: dict[nn.Parameter, Tensor]) -> None:
+        """Sum per-sample gradients per (pass, parameter): uses and tied layers add up."""
+        store = self._instantiated.setdefault(pass_id, {})
+        for p, g in grads.items():
+            store[p] = g if p not in store else store[p] + g  # out of place: g may alias
+
+    def _merged_use(self, entry: _GhostEntry) -> Use:
+        """The entry's uses folded into one ``(activations, backprops)`` (kept for reuse)."""
+        if len(entry.uses) > 1:
+            entry.uses[:] = [get_use_merger(entry.layer)(entry.layer, entry.uses)]
+        return entry.uses[0]
+
+    def _settle(self) -> None:
+        """Re-decide layers used several times in a pass, now that all their positions are known.
+
+        A recurrent cell is called once per time step (T = 1 each: ghost looks cheap), but its
+        merged uses span the whole sequence; if instantiating is cheaper for the merged shapes,
+        its per-sample gradients are formed from the merged uses by its grad sampler.
+        """
+        if self.strategy != "auto":
+            return
+        for key, entry in list(self._ghost.items()):
+            if len(entry.uses) < 2:
+                continue
+            activations, backprops = self._merged_use(entry)
+            cost = get_ghost_cost(entry.layer)
+            sampler = get_instantiator(entry.layer) or get_grad_sampler(entry.layer)
+            if cost is None or sampler is None or cost(entry.layer, activations, backprops):
+                continue
+            del self._ghost[key]
+            self._add_grads(key[0], _trainable_only(entry.layer, sampler(entry.layer, activations, backprops)))
+            if self._strategies.get(entry.name) != INSTANTIATE:
+                logger.info("ghost clipping: layer '%s' (%d uses merged) -> instantiate", entry.name, len(entry.uses))
+            self._strategies[entry.name] = INSTANTIATE
+
+    def _entry_norms(self, entry: _GhostEntry) -> dict[nn.Parameter, Tensor]:
+        """``{param: Tensor[B_pass]}`` squared norms of one ghost entry (cached)."""
+        if entry.norms is None:
+            activations, backprops = self._merged_use(entry)
+            entry.norms = get_norm_sampler(entry.layer)(entry.layer, activations, backprops)
+        return entry.norms
+
+    def _pass_norms(self) -> Iterator[tuple[int, dict[nn.Parameter, Tensor]]]:
+        """``(pass_id, {param: Tensor[B_pass]})`` from every ghost entry and instantiated pass."""
+        for (pass_id, _), entry in self._ghost.items():
+            yield pass_id, self._entry_norms(entry)
+        for pass_id, grads in self._instantiated.items():
+            yield pass_id, {p: sq_norms(g) for p, g in grads.items()}
+
+    def _on_backward_end(self) -> None:
+        """Nothing to write: ghost mode never sets ``p.grad_sample``."""
+
+    def _sync_with_params(self) -> None:
+        """Nothing to sync: the store is cleared only by :meth:`clear_per_sample`."""
+
+    # ------------------------------------------------------------------ passes
+    def _pass_scale(self, pass_id: int) -> int:
+        """Factor between the captured backprops and each sample's own loss gradient (B or 1)."""
+        return self._pass_sizes[pass_id] if self.mean_loss else 1
+
+    def _pass_offsets(self) -> dict[int, tuple[int, int]]:
+        """``{pass_id: (first row, rows)}`` of each pass in the concatenated batch."""
+        offsets, start = {}, 0
+        for pass_id, rows in self._pass_sizes.items():
+            offsets[pass_id] = (start, rows)
+            start += rows
+        return offsets
+
+    # ------------------------------------------------------------------ clipping interface
+    def layer_strategies(self) -> dict[str, str]:
+        """``{layer path: "ghost" | "instantiate"}`` as chosen for the captured passes."""
+        self._settle()
+        return dict(self._strategies)
+
+    def per_sample_batch_size(self) -> int:
+        """Number of samples captured since the last clear (over all passes; 0 if none)."""
+        return sum(self._pass_sizes.values())
+
+    def squared_norms(self) -> dict[nn.Parameter, Tensor]:
+        """``{p: Tensor[B]}`` per-sample squared gradient norms for every trainable ``p``.
+
+        Computed in float32 for 16-bit parameters; zero rows for passes where ``p`` got nothing.
+        """
+        self._settle()
+        batch, offsets = self.per_sample_batch_size(), self._pass_offsets()
+        norms = {p: torch.zeros(batch, dtype=norm_dtype(p), device=p.device) for _, p in self.trainable_parameters()}
+        for pass_id, pass_norms in self._pass_norms():
+            start, rows = offsets[pass_id]
+            for p, value in pass_norms.items():
+                if p in norms:
+                    norms[p][start : start + rows] += value.to(norms[p].dtype) * self._pass_scale(pass_id) ** 2
+        return norms
+
+    def weighted_sum(self, weights: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
+        """``{p: sum_b weights[p][b] * grad_b(p)}`` (shape ``p.shape``, dtype of ``p``).
+
+        Ghost layers: one weighted matmul / kernel call per parameter from the stored A and G;
+        instantiated layers: one weighted sum of their per-sample gradients.
+        """
+        _check_weight_shapes(weights, self.per_sample_batch_size())
+        self._settle()
+        sums: dict[nn.Parameter, Tensor] = {}
+        for _, pass_sums in self._pass_sums(weights):
+            for p, value in pass_sums.items():
+                sums[p] = value if p not in sums else sums[p] + value
+        return {p: sums[p].to(p.dtype) if p in sums else torch.zeros_like(p) for p in weights}
+
+    def _pass_sums(self, weights: dict[nn.Parameter, Tensor]) -> Iterator[tuple[int, dict[nn.Parameter, Tensor]]]:
+        """``(pass_id, {param: weighted sum})`` from every ghost entry and instantiated pass."""
+        offsets = self._pass_offsets()
+
+        def rows(pass_id: int, w: Tensor) -> Tensor:
+            start, count = offsets[pass_id]
+            return w[start : start + count] * self._pass_scale(pass_id)
+
+        for (pass_id, _), entry in self._ghost.items():
+            own = {p: rows(pass_id, weights[p]) for p in entry.layer.parameters(recurse=False) if p in weights}
+            if own:
+                activations, backprops = self._merged_use(entry)
+                yield pass_id, get_clipped_sum(entry.layer)(entry.layer, activations, backprops, own)
+        for pass_id, grads in self._instantiated.items():
+            yield pass_id, {p: weighted_sample_sum(g, rows(pass_id, weights[p])) for p, g in grads.items() if p in weights}
+
+    def clear_per_sample(self) -> None:
+        """Free everything captured (stored A, G, per-sample gradients, norms)."""
+        super().clear_per_sample()
+        self._ghost.clear()
+        self._instantiated.clear()
+        self._pass_sizes.clear()
+        self._grad_before.clear()
+
+    def check_complete(self) -> None:
+        """Raise UnsupportedModuleError if a trainable param got a gradient ghost clipping missed.
+
+        Hooked layers never give their parameters a ``.grad`` (it is skipped during their
+        forward), so a ``.grad`` that changed since the parameter's first captured forward, or any
+        ``.grad`` on a parameter nothing captured, comes from a use outside its module.
+        """
+        missing = [
+            name
+            for name, p in self.trainable_parameters()
+            if p.grad is not None and self._grad_before.get(id(p), None) != _grad_state(p)
+        ]
+        if missing:
+            raise UnsupportedModuleError(
+                f"Parameters {missing} received a gradient that ghost clipping did not capture: a "
+                f"parameter was used outside the forward of the module that owns it (call that "
+                f"module instead, or move the parameter into its own module), its module ran in "
+                f"eval mode or under torch.no_grad(), or the model was called after remove_hooks()."
+            )
+
+
+def _grad_state(param: nn.Parameter) -> Optional[tuple[int, int]]:
+    """Identity and version of ``param.grad`` (None when it has none): detects any new gradient."""
+    return None if param.grad is None else (id(param.grad), param.grad._version)
+
+
+def _trainable_only(layer: nn.Module, grads: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
+    """``grads`` restricted to the layer's own trainable parameters."""
+    trainable = {id(p) for p in _trainable_direct(layer)}
+    return {p: g for p, g in grads.items() if id(p) in trainable}
+
+
+def _check_weight_shapes(weights: dict[nn.Parameter, Tensor], batch: int) -> None:
+    """Raise ConfigError unless every weight vector has one entry per captured sample."""
+    for p, w in weights.items():
+        if w.shape != (batch,):
+            raise ConfigError(
+                f"weighted_sum(weights): the weights of a parameter of shape {tuple(p.shape)} have "
+                f"shape {tuple(w.shape)}; expected ({batch},), one weight per captured sample."
+            )
+
+
+def _layers_sharing_parameters(model: nn.Module) -> set[int]:
+    """ids of layers owning a parameter that another layer also owns (tied weights).
+
+    The squared norm of a tied parameter needs the cross terms between its layers, so those layers
+    instantiate (their per-sample gradients add up before the norm is taken).
+    """
+    owners: dict[int, list[nn.Module]] = {}
+    for layer in model.modules():
+        for p in layer.parameters(recurse=False):
+            owners.setdefault(id(p), []).append(layer)
+    return {id(layer) for layers in owners.values() if len(layers) > 1 for layer in layers}

@@ -1,0 +1,127 @@
+"""Ghost rules for ``nn.Embedding`` and ``nn.EmbeddingBag``: never a vocabulary-sized tensor.
+
+Embedding: sample ``i``'s weight gradient is ``sum_t onehot(x_{i,t}) g_{i,t}^T`` (``[V, D]``), whose
+squared norm is ``sum_{t,s: x_t = x_s} <g_t, g_s>``: the pairs of equal token ids. We evaluate it
+in ``O(B T D)`` by adding up the gradients of equal (sample, token) keys (a segment sum after one
+sort of the ``B T`` keys) and squaring: ``sum_{keys} ||sum_{t in key} g_t||^2`` equals the pair sum.
+Positions holding ``padding_idx`` get no gradient and are dropped.
+
+EmbeddingBag (mode "sum" or "mean", optional ``per_sample_weights``): each bag is a sample; its
+gradient is ``sum_t u_t onehot(x_t) g_bag^T`` with ``u_t`` the token's weight (times 1/len for
+"mean"), so its squared norm is ``||g_bag||^2 * sum_{tokens v} (sum_{t: x_t = v} u_t)^2``.
+
+Clipped sums are one ``index_add`` of the reweighted gradients into a ``[V, D]`` buffer: the dense
+gradient autograd would produce.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from dptrain.errors import UnsupportedModuleError
+from dptrain.grad_sample.embedding import _bags, _check_embedding
+from dptrain.grad_sample.ghost_math import norm_dtype
+from dptrain.grad_sample.ghost_registry import Weights, register_clipped_sum
+from dptrain.grad_sample.registry import register_norm_sampler
+
+
+def _row_sums(indices: Tensor, values: Tensor, num_rows: int) -> Tensor:
+    """``out[k] = sum_{n: indices[n] = k} values[n]``: ``[N]``, ``[N, D]`` -> ``[num_rows, D]``.
+
+    Uses the embedding's own backward kernel (much faster than ``index_add_`` on CPU).
+    """
+    return torch.ops.aten.embedding_dense_backward(values, indices, num_rows, -1, False)
+
+
+def _segment_sq_norms(keys: Tensor, values: Tensor, owners: Tensor, batch: int) -> Tensor:
+    """``sum over keys k of ||sum_{n: keys[n]=k} values[n]||^2``, grouped by owner, ``[B]``.
+
+    Args:
+        keys: ``[N]`` int64 ids (distinct per owner: owner * V + token).
+        values: ``[N, D]`` rows to add up per key.
+        owners: ``[N]`` the sample each row belongs to.
+        batch: B.
+    """
+    unique, inverse = torch.unique(keys, return_inverse=True)
+    summed = _row_sums(inverse, values, unique.shape[0])  # [K, D]
+    key_owner = torch.empty_like(unique).scatter_(0, inverse, owners)
+    per_key = summed.square().sum(dim=1)
+    return per_key.new_zeros(batch).index_add_(0, key_owner, per_key)
+
+
+def _token_rows(layer: nn.Embedding, tokens: Tensor, backprops: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Flatten to (token ids ``[N]``, gradient rows ``[N, D]``, owner sample ``[N]``), padding dropped."""
+    batch = tokens.shape[0]
+    ids = tokens.reshape(batch, -1)
+    owners = torch.arange(batch, device=ids.device).unsqueeze(1).expand_as(ids).reshape(-1)
+    ids = ids.reshape(-1)
+    rows = backprops.reshape(-1, backprops.shape[-1]).to(norm_dtype(backprops))
+    if layer.padding_idx is not None:
+        keep = ids != layer.padding_idx
+        ids, rows, owners = ids[keep], rows[keep], owners[keep]
+    return ids, rows, owners
+
+
+@register_norm_sampler(nn.Embedding)
+def embedding_norms(layer: nn.Embedding, activations: list[Tensor], backprops: Tensor) -> dict[nn.Parameter, Tensor]:
+    """``{weight: [B]}``: squared norms from ``[B, *]`` token ids and ``[B, *, D]`` gradients."""
+    _check_embedding(layer)
+    tokens = activations[0]
+    ids, rows, owners = _token_rows(layer, tokens, backprops)
+    keys = owners * layer.num_embeddings + ids
+    return {layer.weight: _segment_sq_norms(keys, rows, owners, tokens.shape[0])}
+
+
+@register_clipped_sum(nn.Embedding)
+def embedding_clipped_sum(
+    layer: nn.Embedding, activations: list[Tensor], backprops: Tensor, weights: Weights
+) -> dict[nn.Parameter, Tensor]:
+    """``{weight: sum_i w_i grad_i}`` (``[V, D]``) by one index_add of reweighted rows."""
+    if layer.weight not in weights:
+        return {}
+    _check_embedding(layer)
+    ids, rows, owners = _token_rows(layer, activations[0], backprops)
+    scaled = rows * weights[layer.weight].to(rows.dtype)[owners].unsqueeze(1)
+    return {layer.weight: _row_sums(ids, scaled, layer.num_embeddings)}
+
+
+def _bag_tokens(layer: nn.EmbeddingBag, activations: list[Tensor], batch: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(token ids ``[N]``, token weights ``u`` ``[N]``, bag of each token ``[N]``) of ``batch`` bags.
+
+    Both input forms (``[B, L]`` ids, or 1-D ids with ``offsets``; optional
+    ``per_sample_weights``) are read by the grad sampler's parser; padding tokens get ``u = 0``.
+    """
+    _check_embedding(layer)
+    if layer.mode not in ("sum", "mean"):
+        raise UnsupportedModuleError(
+            f"EmbeddingBag(mode={layer.mode!r}) has no ghost norm: its gradient depends on which "
+            f"token wins the max per feature. Use mode='sum' or 'mean', or grad_sample_mode='hooks'."
+        )
+    ids, bags, u = _bags(layer, activations, batch)
+    return ids, u, bags
+
+
+@register_norm_sampler(nn.EmbeddingBag)
+def embedding_bag_norms(
+    layer: nn.EmbeddingBag, activations: list[Tensor], backprops: Tensor
+) -> dict[nn.Parameter, Tensor]:
+    """``{weight: [B]}`` for ``B`` bags with output gradients ``[B, D]``."""
+    batch = backprops.shape[0]
+    ids, u, bags = _bag_tokens(layer, activations, batch)
+    keys = bags * layer.num_embeddings + ids
+    token_mass = _segment_sq_norms(keys, u.to(norm_dtype(backprops)).unsqueeze(1), bags, batch)
+    return {layer.weight: token_mass * backprops.to(norm_dtype(backprops)).square().sum(dim=1)}
+
+
+@register_clipped_sum(nn.EmbeddingBag)
+def embedding_bag_clipped_sum(
+    layer: nn.EmbeddingBag, activations: list[Tensor], backprops: Tensor, weights: Weights
+) -> dict[nn.Parameter, Tensor]:
+    """``{weight: sum_i w_i grad_i}`` (``[V, D]``): each token adds ``w_bag u_t g_bag``."""
+    if layer.weight not in weights:
+        return {}
+    ids, u, bags = _bag_tokens(layer, activations, backprops.shape[0])
+    g = backprops.to(norm_dtype(backprops))
+    coeff = u.to(g.dtype) * weights[layer.weight].to(g.dtype)[bags]
+    return {layer.weight: _row_sums(ids, g[bags] * coeff.unsqueeze(1), layer.num_embeddings)}

@@ -1,0 +1,76 @@
+"""Ghost rules for ``nn.Linear`` (and subclasses such as the DP layers' ``RNNLinear``).
+
+Inputs ``[B, *, d]`` and output gradients ``[B, *, p]`` are viewed as ``[B, T, d]`` / ``[B, T, p]``
+(T = 1 for plain vectors, the sequence length for ``[B, T, d]``, the product of the middle dims in
+general). Several uses of one Linear in a backward (a recurrent cell over T steps, tied weights)
+fold into one call by concatenating their positions: the per-sample gradient of the sum of uses is
+``sum_uses G_u^T A_u = [G_1; G_2; ...]^T [A_1; A_2; ...]``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from dptrain.grad_sample.ghost_math import (
+    as_sequence,
+    bias_grads,
+    ghost_sq_norms,
+    prefer_ghost,
+    sq_norms,
+    weighted_bias_sum,
+    weighted_outer_sum,
+)
+from dptrain.grad_sample.ghost_registry import (
+    Use,
+    Weights,
+    register_clipped_sum,
+    register_ghost_cost,
+    register_use_merger,
+)
+from dptrain.grad_sample.registry import register_norm_sampler
+
+
+def _sequences(activations: list[Tensor], backprops: Tensor) -> tuple[Tensor, Tensor]:
+    """The layer's input and output gradient as ``[B, T, d]`` and ``[B, T, p]``."""
+    return as_sequence(activations[0]), as_sequence(backprops)
+
+
+@register_norm_sampler(nn.Linear)
+def linear_norms(layer: nn.Linear, activations: list[Tensor], backprops: Tensor) -> dict[nn.Parameter, Tensor]:
+    """Per-sample squared norms ``{weight: [B], bias: [B]}`` by the ghost identity."""
+    a, g = _sequences(activations, backprops)
+    norms = {}
+    if layer.weight.requires_grad:
+        norms[layer.weight] = ghost_sq_norms(a, g)
+    if layer.bias is not None and layer.bias.requires_grad:
+        norms[layer.bias] = sq_norms(bias_grads(g))
+    return norms
+
+
+@register_clipped_sum(nn.Linear)
+def linear_clipped_sum(
+    layer: nn.Linear, activations: list[Tensor], backprops: Tensor, weights: Weights
+) -> dict[nn.Parameter, Tensor]:
+    """``sum_i w_i grad_i`` for weight (``[p, d]``) and bias (``[p]``), one matmul each."""
+    a, g = _sequences(activations, backprops)
+    sums = {}
+    if layer.weight in weights:
+        sums[layer.weight] = weighted_outer_sum(a, g, weights[layer.weight])
+    if layer.bias is not None and layer.bias in weights:
+        sums[layer.bias] = weighted_bias_sum(g, weights[layer.bias])
+    return sums
+
+
+@register_ghost_cost(nn.Linear)
+def linear_prefers_ghost(layer: nn.Linear, activations: list[Tensor], backprops: Tensor) -> bool:
+    """Ghost when ``T^2 (d + p)`` (calibrated) beats ``T p d`` and ``T^2 <= p d``."""
+    a, g = _sequences(activations, backprops)
+    return prefer_ghost(a.shape[1], a.shape[2], g.shape[2])
+
+
+@register_use_merger(nn.Linear)
+def linear_merge_uses(layer: nn.Linear, uses: list[Use]) -> Use:
+    """Fold the uses of one backward into one call by concatenating positions (dim 1)."""
+    pairs = [_sequences(acts, grads) for acts, grads in uses]
+    return [torch.cat([a for a, _ in pairs], dim=1)], torch.cat([g for _, g in pairs], dim=1)

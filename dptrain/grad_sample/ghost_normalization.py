@@ -1,0 +1,38 @@
+"""Norm samplers for the normalisation layers: their per-sample gradients are already small.
+
+LayerNorm, GroupNorm, InstanceNorm1d/2d/3d and RMSNorm own per-channel affine parameters, so a
+per-sample gradient is ``[B, C]``: forming it (with the layer's grad sampler) is as cheap as any
+ghost trick and keeps nothing larger than the norms themselves. The ghost module therefore always
+instantiates these layers; the norm samplers registered here serve users of the norm-sampler API.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from dptrain.errors import UnsupportedModuleError
+from dptrain.grad_sample.ghost_math import sq_norms
+from dptrain.grad_sample.registry import get_grad_sampler, register_norm_sampler
+
+NORMALIZATION_LAYERS: tuple[type, ...] = (
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.InstanceNorm1d,
+    nn.InstanceNorm2d,
+    nn.InstanceNorm3d,
+    nn.RMSNorm,
+)
+
+
+def instantiated_norms(layer: nn.Module, activations: list[Tensor], backprops: Tensor) -> dict[nn.Parameter, Tensor]:
+    """``{param: [B]}`` squared norms of the per-sample gradients from ``layer``'s grad sampler."""
+    sampler = get_grad_sampler(layer)
+    if sampler is None:
+        raise UnsupportedModuleError(
+            f"No grad sampler is registered for {type(layer).__name__}, so its per-sample "
+            f"gradient norms cannot be formed; register one with @dptrain.register_grad_sampler."
+        )
+    return {p: sq_norms(g) for p, g in sampler(layer, activations, backprops).items()}
+
+
+register_norm_sampler(*NORMALIZATION_LAYERS)(instantiated_norms)

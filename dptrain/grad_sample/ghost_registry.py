@@ -1,0 +1,93 @@
+"""Per-layer rules of ghost clipping: how to form a layer's clipped sum without per-sample grads.
+
+A norm sampler (``dptrain.register_norm_sampler``) gives a layer's per-sample squared norms. To
+finish book-keeping, the ghost module also needs the clipped sum ``sum_i w_i grad_i`` from the
+stored activations and backprops, and a way to decide, per call, whether the ghost path is
+cheaper than instantiating the per-sample gradient. Those live here::
+
+    @register_clipped_sum(nn.Linear)
+    def linear_clipped_sum(layer, activations, backprops, weights) -> dict[nn.Parameter, Tensor]:
+        ...  # weights[p]: Tensor[B]; each value has p's shape
+
+    @register_ghost_cost(nn.Linear)
+    def linear_prefers_ghost(layer, activations, backprops) -> bool: ...
+
+    @register_use_merger(nn.Linear)
+    def merge(layer, uses: list[tuple[list[Tensor], Tensor]]) -> tuple[list[Tensor], Tensor]: ...
+
+An *instantiator* (``register_instantiator``, same signature as a grad sampler) replaces the grad
+sampler when the ghost module instantiates a layer and a faster kernel exists (convolutions: one
+grouped convolution over the batch instead of unfolding).
+
+A layer takes the ghost path when it has a norm sampler AND a clipped sum, and its cost rule (if
+any) says so; otherwise its per-sample gradients are instantiated by its grad sampler. A layer
+called several times in one backward (weight sharing, recurrent cells) takes the ghost path only
+if a use merger can fold the uses into one call (for outer-product layers: concatenating the
+positions); else the uses' instantiated gradients are summed. Lookup walks the MRO; the last
+registration for a type wins.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from torch import Tensor, nn
+
+from dptrain.grad_sample.registry import _lookup, _register
+
+Weights = dict[nn.Parameter, Tensor]
+ClippedSum = Callable[[nn.Module, list[Tensor], Tensor, Weights], dict[nn.Parameter, Tensor]]
+GhostCost = Callable[[nn.Module, list[Tensor], Tensor], bool]
+Use = tuple[list[Tensor], Tensor]
+UseMerger = Callable[[nn.Module, list[Use]], Use]
+
+Instantiator = Callable[[nn.Module, list[Tensor], Tensor], dict[nn.Parameter, Tensor]]
+
+CLIPPED_SUMS: dict[type, ClippedSum] = {}
+INSTANTIATORS: dict[type, Instantiator] = {}
+GHOST_COSTS: dict[type, GhostCost] = {}
+USE_MERGERS: dict[type, UseMerger] = {}
+
+
+def register_clipped_sum(*types: type) -> Callable[[ClippedSum], ClippedSum]:
+    """Register ``fn(layer, activations, backprops, weights) -> {param: sum_i w_i grad_i}``."""
+    return _register(CLIPPED_SUMS, "register_clipped_sum", types)
+
+
+def register_instantiator(*types: type) -> Callable[[Instantiator], Instantiator]:
+    """Register a faster way than the grad sampler to form per-sample grads (same signature)."""
+    return _register(INSTANTIATORS, "register_instantiator", types)
+
+
+def register_ghost_cost(*types: type) -> Callable[[GhostCost], GhostCost]:
+    """Register ``fn(layer, activations, backprops) -> bool``: True when ghost is cheaper."""
+    return _register(GHOST_COSTS, "register_ghost_cost", types)
+
+
+def register_use_merger(*types: type) -> Callable[[UseMerger], UseMerger]:
+    """Register ``fn(layer, uses) -> (activations, backprops)`` folding one backward's uses."""
+    return _register(USE_MERGERS, "register_use_merger", types)
+
+
+def _of(layer: nn.Module) -> type:
+    return type(layer)
+
+
+def get_clipped_sum(layer: nn.Module) -> Optional[ClippedSum]:
+    """The clipped-sum rule of ``layer``'s type (MRO walk), or None."""
+    return _lookup(CLIPPED_SUMS, _of(layer))
+
+
+def get_ghost_cost(layer: nn.Module) -> Optional[GhostCost]:
+    """The ghost-vs-instantiate cost rule of ``layer``'s type (MRO walk), or None."""
+    return _lookup(GHOST_COSTS, _of(layer))
+
+
+def get_instantiator(layer: nn.Module) -> Optional[Instantiator]:
+    """The ghost module's instantiator for ``layer`` (MRO walk), or None (use the grad sampler)."""
+    return _lookup(INSTANTIATORS, _of(layer))
+
+
+def get_use_merger(layer: nn.Module) -> Optional[UseMerger]:
+    """The rule folding several uses of ``layer`` in one backward into one, or None."""
+    return _lookup(USE_MERGERS, _of(layer))

@@ -1,0 +1,576 @@
+"""GradSampleModule: per-sample gradients from one forward and one backward pass.
+
+How it works
+------------
+Every submodule that directly owns a parameter (``parameters(recurse=False)``) gets a forward hook.
+While the model is in training mode and grad is enabled, each forward call of such a layer whose
+own parameters are trainable is recorded as a :class:`LayerCall` (its detached inputs, the pass it
+belongs to) and a tensor hook is put on each differentiable output. The call record lives only in
+those hooks' closures, so it is freed with the autograd graph (a forward without backward keeps
+nothing) and a layer used twice in one forward pairs each backprop with its own inputs. Tensor
+hooks (rather than full backward hooks) also work for a first layer whose input does not require
+grad, for in-place operations applied to a layer's output, and for tuple outputs.
+
+On backward the gradient w.r.t. the output (the *backprops*) is moved batch-first, multiplied by
+the pass's batch size when ``loss_reduction="mean"``, and handed with the activations to
+:meth:`GradSampleModule._on_backprop`. Layers with several differentiable outputs are handled
+once the whole backward is done (all their output gradients are known by then).
+
+Hook points for subclasses (the ghost-clipping module of issue 7 overrides these)
+--------------------------------------------------------------------------------
+- ``_on_backprop(call, activations, backprops)``: what is computed per layer on backward. The
+  default computes the per-sample gradients (:meth:`_per_sample_grads`: the registered grad
+  sampler, else the ``torch.func`` fallback) and adds them to ``self._grad_samples``.
+- ``_on_backward_end()``: runs once at the end of every backward; the default writes the
+  accumulated per-sample gradients to ``p.grad_sample``.
+- ``_sync_with_params()``: runs at the start of every backward and clipping-interface call.
+- the clipping interface (``per_sample_batch_size``, ``squared_norms``, ``weighted_sum``,
+  ``clear_per_sample``, ``check_complete``), contract 1 of docs/ARCHITECTURE.md.
+
+Accumulation: within one pass (one forward of the wrapper) the uses of a layer SUM; across passes
+the per-sample rows CONCATENATE in forward order (:class:`~dptrain.grad_sample.accumulate.PerPassStore`).
+Calling the inner model directly after a backward also starts a new pass.
+
+Safety: every trainable parameter also gets a tensor hook feeding a
+:class:`~dptrain.grad_sample.audit.BackwardAudit`, which raises at the end of a backward when a
+parameter got a gradient that its per-sample gradients do not explain (used outside its module).
+The end-of-backward work runs in a callback queued on the autograd engine by the first hook of
+each backward (``Variable._execution_engine.queue_callback``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import weakref
+from dataclasses import dataclass, field
+from functools import partial
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence
+from torch.utils._pytree import tree_leaves
+
+from dptrain.errors import ConfigError, UnsupportedModuleError
+from dptrain.grad_sample.accumulate import PerPassStore
+from dptrain.grad_sample.audit import BackwardAudit
+from dptrain.grad_sample.functorch import functorch_grad_samples
+from dptrain.grad_sample.registry import get_grad_sampler
+
+LOSS_REDUCTIONS = ("mean", "sum")
+
+# Models that currently carry a GradSampleModule's hooks (a weak set: no attribute on the model,
+# so a deep copy of a wrapped model is a plain model).
+_WRAPPED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+@dataclass
+class UseGroup:
+    """The calls of one layer in one pass: ``expected`` uses, ``pending`` (activations, backprops).
+
+    When the layer type has a use merger (``dptrain.grad_sample.ghost_registry``; Linear has one),
+    the uses of one backward are folded into one before the per-layer work: a recurrent layer's T
+    per-step Linear calls then cost one batched matmul instead of T matmuls and T additions.
+    """
+
+    expected: int = 0
+    pending: list[tuple[list[Any], Tensor]] = field(default_factory=list)
+
+
+@dataclass
+class LayerCall:
+    """One recorded forward call of a hooked layer.
+
+    Attributes:
+        layer: the submodule; ``name`` its path in the wrapped model.
+        args / kwargs: the call's inputs, tensors detached, in the model's layout (batch at
+            ``batch_dim``); ``versions`` their version counters at capture time.
+        pass_id: the forward pass of the wrapper this call belongs to.
+        batch_size: B of that pass.
+        out_leaves: positions of the differentiable outputs in ``tree_leaves(output)``;
+        out_shapes / out_dtypes: theirs; ``grads``: their gradients once known.
+        group: the layer's uses in this pass (see :class:`UseGroup`).
+    """
+
+    layer: nn.Module
+    name: str
+    args: tuple
+    kwargs: dict
+    versions: list[int]
+    pass_id: int
+    batch_size: int
+    out_leaves: list[int]
+    out_shapes: list[torch.Size]
+    out_dtypes: list[torch.dtype]
+    grads: list[Optional[Tensor]] = field(default_factory=list)
+    group: UseGroup = field(default_factory=UseGroup)
+
+
+def _trainable_direct(layer: nn.Module) -> list[nn.Parameter]:
+    """The parameters ``layer`` owns itself (not its children's) that require grad."""
+    return [p for p in layer.parameters(recurse=False) if p.requires_grad]
+
+
+def _use_merger(layer: nn.Module) -> Optional[Callable]:
+    """The rule folding several uses of ``layer`` into one (``fn(layer, uses) -> use``), or None."""
+    import dptrain.grad_sample.ghost  # noqa: F401  (registers the use mergers)
+    from dptrain.grad_sample.ghost_registry import get_use_merger
+
+    return get_use_merger(layer)
+
+
+def _check_batchnorm(model: nn.Module) -> list[str]:
+    """Problems found without dptrain.validation: BatchNorm layers mix the samples of a batch."""
+    return [
+        f"'{name}' ({type(m).__name__}) mixes samples of a batch through its batch statistics; "
+        f"replace it by GroupNorm"
+        for name, m in model.named_modules()
+        if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    ]
+
+
+def _validation_problems(model: nn.Module) -> list[str]:
+    """Every reason ``model`` cannot be trained privately, as one line each."""
+    try:
+        validation = importlib.import_module("dptrain.validation")
+    except ModuleNotFoundError as err:
+        if err.name != "dptrain.validation":
+            raise
+        return _check_batchnorm(model)
+    return [f"'{p.path}': {p.problem} (fix: {p.fix})" for p in validation.ModuleValidator.validate(model)]
+
+
+def validate_model(model: nn.Module) -> None:
+    """Raise UnsupportedModuleError listing every submodule that breaks per-sample gradients."""
+    problems = _validation_problems(model)
+    if problems:
+        listing = "; ".join(problems)
+        raise UnsupportedModuleError(
+            f"GradSampleModule(model) cannot compute per-sample gradients for this model: {listing}. "
+            f"Call `model = dptrain.ModuleValidator.fix(model)` before wrapping it (it replaces "
+            f"such submodules by private equivalents and carries the weights over)."
+        )
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_signature(layer_type: type) -> inspect.Signature:
+    """Signature of ``layer_type.forward`` without ``self``."""
+    signature = inspect.signature(layer_type.forward)
+    return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
+def positional_inputs(layer: nn.Module, args: tuple, kwargs: dict) -> list[Any]:
+    """The call's inputs in ``forward``'s parameter order (keyword arguments and defaults bound).
+
+    ``emb_bag(x, offsets=o)`` gives ``[x, o, None]`` so samplers can read inputs by position.
+    """
+    if not kwargs:
+        return list(args)
+    try:
+        bound = _forward_signature(type(layer)).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return [*args, *kwargs.values()]
+    bound.apply_defaults()
+    return list(bound.arguments.values())
+
+
+def _detach(value: Any) -> Any:
+    """``value`` with every tensor detached (structure kept for lists/tuples/dicts)."""
+    if isinstance(value, Tensor):
+        return value.detach()
+    if isinstance(value, (list, tuple)) and not isinstance(value, PackedSequence):
+        return type(value)(_detach(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _detach(v) for k, v in value.items()}
+    return value
+
+
+class GradSampleModule(nn.Module):
+    """Wrap ``model`` so that every trainable parameter gets ``p.grad_sample`` after backward.
+
+    Args:
+        model: any ``nn.Module`` that validates (see :class:`dptrain.ModuleValidator`).
+        batch_first: True if the batch is dim 0 of every layer's inputs and outputs, False if it
+            is dim 1 (sequence-first models).
+        loss_reduction: ``"mean"`` if the loss averages over the batch (the 1/B is undone so that
+            ``p.grad_sample[b]`` is the gradient of sample b's own loss) or ``"sum"``.
+
+    ``p.grad_sample`` has shape ``[B, *p.shape]`` in the parameter's dtype (B summed over the
+    passes since the last :meth:`clear_per_sample`).
+    """
+
+    def __init__(self, model: nn.Module, batch_first: bool = True, loss_reduction: str = "mean") -> None:
+        super().__init__()
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"GradSampleModule(model) needs an nn.Module, got {type(model).__name__}.")
+        if loss_reduction not in LOSS_REDUCTIONS:
+            raise ConfigError(
+                f"GradSampleModule(loss_reduction={loss_reduction!r}) is not supported: use 'mean' "
+                f"if your loss averages over the batch (torch's default) or 'sum' if it sums."
+            )
+        if model in _WRAPPED:
+            raise ConfigError(
+                "GradSampleModule(model): this model is already wrapped; wrap it once, or call "
+                "remove_hooks() on the previous wrapper first."
+            )
+        validate_model(model)
+        self._module = model
+        self.batch_first = batch_first
+        self.loss_reduction = loss_reduction
+        self._batch_dim = 0 if batch_first else 1
+        self._grad_samples = PerPassStore()
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self._hooks_enabled = False
+        self._capture_paused = False
+        self._pass_id = 0
+        self._pass_batch: Optional[int] = None
+        self._pass_batch_source = ""
+        self._pass_consumed = False
+        self._in_backward = False
+        self._deferred: dict[int, LayerCall] = {}
+        self._groups: dict[int, UseGroup] = {}
+        self._open_groups: dict[int, LayerCall] = {}
+        self._audit = BackwardAudit({id(p): n for n, p in model.named_parameters()})
+        self._add_hooks()
+
+    # ------------------------------------------------------------------ wrapper plumbing
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the wrapped model unchanged; this call starts a new pass."""
+        self._new_pass()
+        return self._module(*args, **kwargs)
+
+    def _new_pass(self) -> None:
+        """Start a pass: its batch size is set by the first captured layer output."""
+        self._pass_id += 1
+        self._pass_batch = None
+        self._pass_batch_source = ""
+        self._pass_consumed = False
+        self._groups = {}
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            wrapped = self.__dict__["_modules"].get("_module")
+            if name == "_module" or wrapped is None:
+                raise
+            return getattr(wrapped, name)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The wrapped model's state dict (same keys as the unwrapped model)."""
+        return self._module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: dict[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """Load a state dict of the unwrapped model (same keys)."""
+        return self._module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """``(name, param)`` of every parameter with requires_grad, in model order."""
+        return [(n, p) for n, p in self._module.named_parameters() if p.requires_grad]
+
+    # ------------------------------------------------------------------ hooks
+    def _add_hooks(self) -> None:
+        """Hook every submodule that directly owns parameters (trainability checked per call),
+        and every trainable parameter (for the :class:`~dptrain.grad_sample.audit.BackwardAudit`)."""
+        for name, layer in self._module.named_modules():
+            if next(layer.parameters(recurse=False), None) is None:
+                continue
+            hook = partial(self._capture, name)
+            self._handles.append(layer.register_forward_hook(hook, with_kwargs=True))
+        for param in self._module.parameters():
+            if param.requires_grad:
+                self._handles.append(param.register_hook(partial(self._on_param_grad, param)))
+        self._hooks_enabled = True
+        _WRAPPED.add(self._module)
+
+    def remove_hooks(self) -> None:
+        """Detach all hooks: the model behaves as plain torch afterwards."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._hooks_enabled = False
+        _WRAPPED.discard(self._module)
+
+    def _capturing(self, layer: nn.Module) -> bool:
+        """Whether a forward call of ``layer`` must be recorded now."""
+        return (
+            self._hooks_enabled
+            and not self._capture_paused
+            and torch.is_grad_enabled()
+            and layer.training
+            and bool(_trainable_direct(layer))
+        )
+
+    def _capture(self, name: str, layer: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        """Forward hook: record the call and hook its differentiable outputs."""
+        if not self._capturing(layer):
+            return
+        leaves = tree_leaves(output)
+        out_leaves = [i for i, t in enumerate(leaves) if isinstance(t, Tensor) and t.requires_grad]
+        outputs = [leaves[i] for i in out_leaves]
+        if not outputs:
+            return
+        if self._pass_consumed:  # the inner model was called directly after a backward
+            self._new_pass()
+        batch = self._check_output_batch(name, outputs)
+        call = LayerCall(
+            layer=layer,
+            name=name,
+            args=_detach(args),
+            kwargs=_detach(kwargs),
+            versions=[t._version for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)],
+            pass_id=self._pass_id,
+            batch_size=batch,
+            out_leaves=out_leaves,
+            out_shapes=[t.shape for t in outputs],
+            out_dtypes=[t.dtype for t in outputs],
+            grads=[None] * len(outputs),
+            group=self._groups.setdefault(id(layer), UseGroup()),
+        )
+        call.group.expected += 1
+        for index, out in enumerate(outputs):
+            out.register_hook(partial(self._on_output_grad, call, index))
+
+    def _check_output_batch(self, name: str, outputs: list[Tensor]) -> int:
+        """Return B after checking every output has it at the batch dimension."""
+        dim = self._batch_dim
+        for out in outputs:
+            if out.dim() <= dim:
+                raise UnsupportedModuleError(
+                    f"Submodule '{name}' returned a tensor of shape {tuple(out.shape)} with no batch "
+                    f"dimension (dim {dim} with batch_first={self.batch_first}); per-sample gradients "
+                    f"need every layer with trainable parameters to keep the batch dimension. Feed "
+                    f"it batched inputs, or check GradSampleModule(batch_first=...)."
+                )
+            if self._pass_batch is None:
+                self._pass_batch, self._pass_batch_source = out.shape[dim], name
+            if out.shape[dim] != self._pass_batch:
+                raise UnsupportedModuleError(
+                    f"Submodule '{name}' produced an output with batch dimension (dim {dim}) of size "
+                    f"{out.shape[dim]}, but submodule '{self._pass_batch_source}' gave this pass a "
+                    f"batch size of {self._pass_batch}. Every input must share the batch size, "
+                    f"and layers with trainable parameters must keep the batch dimension (e.g. do "
+                    f"not fold time into the batch with view(B*T, ...); pass [B, T, ...] instead). "
+                    f"For sequence-first models use GradSampleModule(batch_first=False)."
+                )
+        return self._pass_batch
+
+    def _on_output_grad(self, call: LayerCall, index: int, grad: Tensor) -> None:
+        """Tensor hook on the ``index``-th differentiable output of ``call``."""
+        if not self._hooks_enabled:
+            return
+        self._begin_backward()
+        try:
+            if len(call.grads) == 1:
+                self._dispatch(call, [grad])
+            else:
+                call.grads[index] = grad
+                self._deferred[id(call)] = call
+        except Exception:
+            self._abort_backward()
+            raise
+
+    def _abort_backward(self) -> None:
+        """Forget the state of a backward that raised (its end callback will not run)."""
+        self._in_backward = False
+        self._deferred = {}
+        for call in self._open_groups.values():
+            call.group.pending.clear()
+        self._open_groups = {}
+        self._audit.reset()
+
+    def _on_param_grad(self, param: nn.Parameter, grad: Tensor) -> None:
+        """Tensor hook on a parameter: autograd computed its gradient in this backward."""
+        if not self._hooks_enabled:
+            return
+        self._begin_backward()
+        self._audit.received(param, grad)
+
+    def _begin_backward(self) -> None:
+        """On the first hook of a backward: sync with params and schedule the end callback."""
+        if self._in_backward:
+            return
+        self._in_backward = True
+        self._sync_with_params()
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+
+    def _end_backward(self) -> None:
+        """Runs once after each backward: deferred multi-output layers, then the subclass hook."""
+        try:
+            deferred, self._deferred = self._deferred, {}
+            for call in deferred.values():
+                grads = [
+                    g if g is not None else torch.zeros(s, dtype=d, device=self._device(call))
+                    for g, s, d in zip(call.grads, call.out_shapes, call.out_dtypes)
+                ]
+                call.grads = [None] * len(call.grads)
+                self._dispatch(call, grads)
+            for call in list(self._open_groups.values()):  # uses that got no gradient
+                self._flush_group(call)
+            self._on_backward_end()
+            self._audit.finish()
+        finally:
+            self._abort_backward()
+            self._pass_consumed = True
+
+    @staticmethod
+    def _device(call: LayerCall) -> torch.device:
+        """Device of the layer's own parameters (for zero gradients of unused outputs)."""
+        return next(call.layer.parameters(recurse=False)).device
+
+    def _dispatch(self, call: LayerCall, grads: list[Tensor]) -> None:
+        """Put activations and backprops batch-first, rescale, and call :meth:`_on_backprop`."""
+        self._check_inputs_unchanged(call)
+        self._audit.covered(_trainable_direct(call.layer))
+        dim = self._batch_dim
+        backprops = [g.movedim(dim, 0) for g in grads]
+        if self.loss_reduction == "mean":
+            backprops = [g * call.batch_size for g in backprops]
+        inputs = positional_inputs(call.layer, call.args, call.kwargs)
+        activations = [a.movedim(dim, 0) if isinstance(a, Tensor) and a.dim() > dim else a for a in inputs]
+        if len(backprops) > 1 or call.group.expected == 1 or _use_merger(call.layer) is None:
+            self._on_backprop(call, activations, backprops[0] if len(backprops) == 1 else tuple(backprops))
+            return
+        call.group.pending.append((activations, backprops[0]))
+        self._open_groups[id(call.group)] = call
+        if len(call.group.pending) == call.group.expected:
+            self._flush_group(call)
+
+    def _flush_group(self, call: LayerCall) -> None:
+        """Fold the pending uses of ``call``'s group into one and run :meth:`_on_backprop` on it."""
+        uses, call.group.pending = call.group.pending, []
+        del self._open_groups[id(call.group)]
+        activations, backprops = _use_merger(call.layer)(call.layer, uses)
+        self._on_backprop(call, activations, backprops)
+
+    @staticmethod
+    def _check_inputs_unchanged(call: LayerCall) -> None:
+        """Raise if an input of the call was modified in place after the forward."""
+        now = [t._version for t in tree_leaves((call.args, call.kwargs)) if isinstance(t, Tensor)]
+        if now != call.versions:
+            raise UnsupportedModuleError(
+                f"An input of submodule '{call.name}' was modified in place after its forward call, "
+                f"so its stored activations no longer match the gradients. Replace the in-place "
+                f"operation on that input (e.g. `x.relu_()` or `x += ...`) by its out-of-place form."
+            )
+
+    # ------------------------------------------------------------------ per-layer computation
+    def _on_backprop(self, call: LayerCall, activations: list[Any], backprops: Tensor | tuple[Tensor, ...]) -> None:
+        """Default per-layer work on backward: per-sample gradients, accumulated per pass.
+
+        Args:
+            call: the forward call these gradients belong to (``call.layer``, ``call.pass_id``).
+            activations: the call's positional inputs, batch dimension first.
+            backprops: gradient of each sample's own loss w.r.t. the output, ``[B, *out]``
+                (a tuple for layers with several differentiable outputs).
+        """
+        loss_scale = 1.0 / max(call.batch_size, 1) if self.loss_reduction == "mean" else 1.0
+        for param, grad_sample in self._per_sample_grads(call, activations, backprops).items():
+            self._grad_samples.add(param, call.pass_id, grad_sample)
+            self._audit.contribution(param, grad_sample, loss_scale)
+
+    def _per_sample_grads(
+        self, call: LayerCall, activations: list[Any], backprops: Tensor | tuple[Tensor, ...]
+    ) -> dict[nn.Parameter, Tensor]:
+        """``{param: Tensor[B, *param.shape]}`` for the layer's trainable own parameters."""
+        trainable = _trainable_direct(call.layer)
+        sampler = get_grad_sampler(call.layer)
+        if sampler is not None and isinstance(backprops, Tensor):
+            grads = sampler(call.layer, activations, backprops)
+        else:
+            grads = self._fallback_grads(call, backprops)
+        return {p: g for p, g in grads.items() if any(p is t for t in trainable)}
+
+    def _fallback_grads(self, call: LayerCall, backprops: Tensor | tuple[Tensor, ...]) -> dict[nn.Parameter, Tensor]:
+        """Per-sample gradients by ``torch.func`` for a layer without a registered sampler."""
+        grads = (backprops,) if isinstance(backprops, Tensor) else backprops
+        self._capture_paused = True
+        try:
+            return functorch_grad_samples(
+                call.layer, call.args, call.kwargs, grads, call.out_leaves, self._batch_dim
+            )
+        finally:
+            self._capture_paused = False
+
+    def _on_backward_end(self) -> None:
+        """Write the accumulated per-sample gradients to ``p.grad_sample``."""
+        for param, grad_sample in self._grad_samples.materialize().items():
+            param.grad_sample = grad_sample
+
+    def _sync_with_params(self) -> None:
+        """Forget stored rows of parameters whose ``grad_sample`` was cleared from outside."""
+        for param in list(self._grad_samples.keys()):
+            if getattr(param, "grad_sample", None) is None:
+                self._grad_samples.discard(param)
+
+    # ------------------------------------------------------------------ clipping interface
+    def per_sample_batch_size(self) -> int:
+        """Number of samples captured since the last clear (over all passes; 0 if none)."""
+        self._sync_with_params()
+        return self._grad_samples.batch_size()
+
+    def squared_norms(self) -> dict[nn.Parameter, Tensor]:
+        """``{p: Tensor[B]}``, each sample's squared L2 norm of its gradient for ``p``.
+
+        A trainable parameter that got no per-sample gradient (unused in every captured pass) has
+        zero gradient for every sample.
+        """
+        batch = self.per_sample_batch_size()
+        norms = {}
+        for _, p in self.trainable_parameters():
+            gs = getattr(p, "grad_sample", None)
+            if gs is None:
+                norms[p] = torch.zeros(batch, dtype=p.dtype, device=p.device)
+            else:
+                norms[p] = torch.linalg.vector_norm(gs.reshape(batch, -1), dim=1).square()
+        return norms
+
+    def weighted_sum(self, weights: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
+        """``{p: sum_b weights[p][b] * grad_sample_b(p)}``, shape ``p.shape``.
+
+        One matrix-vector product per parameter on a view of ``p.grad_sample``: nothing larger than
+        the result is allocated.
+        """
+        batch = self.per_sample_batch_size()
+        sums = {}
+        for p, w in weights.items():
+            gs = getattr(p, "grad_sample", None)
+            if gs is None:
+                sums[p] = torch.zeros_like(p)
+                continue
+            if w.shape != (batch,):
+                raise ConfigError(
+                    f"weighted_sum(weights): the weights of a parameter of shape {tuple(p.shape)} "
+                    f"have shape {tuple(w.shape)}; expected ({batch},), one weight per sample."
+                )
+            sums[p] = (w.to(gs.dtype) @ gs.reshape(batch, -1)).view(p.shape)
+        return sums
+
+    def clear_per_sample(self) -> None:
+        """Free every per-sample gradient captured so far (``p.grad_sample = None``)."""
+        for p in self._module.parameters():
+            p.grad_sample = None
+        self._grad_samples.reset()
+
+    def zero_grad_sample(self) -> None:
+        """Set ``p.grad_sample = None`` for all parameters (same as :meth:`clear_per_sample`)."""
+        self.clear_per_sample()
+
+    def check_complete(self) -> None:
+        """Raise UnsupportedModuleError if a trainable param has ``.grad`` but no per-sample grad."""
+        missing = [
+            name
+            for name, p in self.trainable_parameters()
+            if p.grad is not None and getattr(p, "grad_sample", None) is None
+        ]
+        if missing:
+            raise UnsupportedModuleError(
+                f"Parameters {missing} received a gradient but no per-sample gradient. This happens "
+                f"when a parameter is used outside the forward of the module that owns it (e.g. "
+                f"`self.fc.weight @ x` in a parent's forward: call `self.fc(x)` or move the "
+                f"parameter into its own module), when that module ran in eval mode or under "
+                f"torch.no_grad(), or when the model was called after remove_hooks()."
+            )

@@ -1,0 +1,111 @@
+"""Registry of per-layer grad samplers and norm samplers.
+
+A *grad sampler* computes, for one layer and one backward pass, the per-sample gradient of every
+parameter the layer owns directly::
+
+    @register_grad_sampler(nn.Linear)
+    def linear_sampler(layer, activations, backprops) -> dict[nn.Parameter, Tensor]:
+        ...  # each value has shape [B, *p.shape]
+
+``activations`` is the list of the layer's positional forward inputs (batch dimension first) and
+``backprops`` the gradient of the loss w.r.t. the layer's output (batch dimension first, already
+rescaled so that it is the gradient of each sample's *own* loss).
+
+A *norm sampler* (issue 7, ghost clipping) has the same arguments and returns, per parameter, the
+per-sample SQUARED L2 norm of its gradient, shape [B], without forming the gradient where cheaper.
+
+Lookup walks the layer type's MRO, so a sampler registered for ``nn.Linear`` also serves its
+subclasses unless they have their own. The last registration for a type wins.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from torch import Tensor, nn
+
+GradSampler = Callable[[nn.Module, list[Tensor], Tensor], dict[nn.Parameter, Tensor]]
+NormSampler = Callable[[nn.Module, list[Tensor], Tensor], dict[nn.Parameter, Tensor]]
+
+GRAD_SAMPLERS: dict[type, GradSampler] = {}
+NORM_SAMPLERS: dict[type, NormSampler] = {}
+
+
+def _check_types(decorator: str, types: tuple[type, ...]) -> None:
+    """Raise TypeError unless ``types`` is a non-empty tuple of nn.Module subclasses."""
+    if not types:
+        raise TypeError(f"{decorator}() needs at least one layer type, e.g. {decorator}(nn.Linear).")
+    for t in types:
+        if not (isinstance(t, type) and issubclass(t, nn.Module)):
+            raise TypeError(
+                f"{decorator}() takes nn.Module subclasses, got {t!r}; pass the layer class "
+                f"itself, e.g. {decorator}(MyLayer)."
+            )
+
+
+def _register(table: dict[type, Callable], decorator: str, types: tuple[type, ...]) -> Callable:
+    """Return a decorator that stores its function in ``table`` under every type in ``types``."""
+    _check_types(decorator, types)
+
+    def wrap(fn: Callable) -> Callable:
+        for t in types:
+            table[t] = fn
+        return fn
+
+    return wrap
+
+
+def register_grad_sampler(*types: type) -> Callable[[GradSampler], GradSampler]:
+    """Decorator: use the decorated function as the grad sampler of each layer type in ``types``.
+
+    The function takes ``(layer, activations: list[Tensor], backprops: Tensor)`` and returns
+    ``{param: Tensor[B, *param.shape]}``. The last registration for a type wins.
+    """
+    return _register(GRAD_SAMPLERS, "register_grad_sampler", types)
+
+
+def register_norm_sampler(*types: type) -> Callable[[NormSampler], NormSampler]:
+    """Decorator: use the decorated function as the norm sampler of each layer type in ``types``.
+
+    The function takes ``(layer, activations, backprops)`` and returns ``{param: Tensor[B]}``, the
+    per-sample SQUARED L2 norms. The last registration for a type wins.
+    """
+    return _register(NORM_SAMPLERS, "register_norm_sampler", types)
+
+
+def _lookup(table: dict[type, Callable], layer_type: type) -> Optional[Callable]:
+    """Return the entry of the first class in ``layer_type``'s MRO present in ``table``."""
+    for cls in layer_type.__mro__:
+        if cls in table:
+            return table[cls]
+    return None
+
+
+def get_grad_sampler(layer: nn.Module | type) -> Optional[GradSampler]:
+    """The grad sampler for a layer (instance or type), walking the MRO; None if there is none."""
+    _ensure_builtin_samplers()
+    return _lookup(GRAD_SAMPLERS, layer if isinstance(layer, type) else type(layer))
+
+
+def get_norm_sampler(layer: nn.Module | type) -> Optional[NormSampler]:
+    """The norm sampler for a layer (instance or type), walking the MRO; None if there is none."""
+    _ensure_builtin_samplers()
+    return _lookup(NORM_SAMPLERS, layer if isinstance(layer, type) else type(layer))
+
+
+_BUILTINS_LOADED = False
+
+
+def _ensure_builtin_samplers() -> None:
+    """Import the built-in samplers (and the DP layers' own) once, before the first lookup."""
+    global _BUILTINS_LOADED
+    if _BUILTINS_LOADED:
+        return
+    _BUILTINS_LOADED = True
+    import dptrain.grad_sample  # noqa: F401  (registers linear/conv/embedding/norm samplers)
+
+    try:
+        import dptrain.layers  # noqa: F401  (registers the DP layers' samplers)
+    except ModuleNotFoundError as err:
+        if err.name != "dptrain.layers":
+            raise

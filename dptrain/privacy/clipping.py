@@ -1,0 +1,275 @@
+"""Per-sample clipping strategies: flat, per-layer and adaptive (Andrew et al. 2021).
+
+A clipper turns the per-sample gradients of one physical chunk into per-parameter clipped sums,
+using only the clipping interface of contract 1 (`squared_norms()` and `weighted_sum()`), so the
+hooks module (GradSampleModule) and the ghost module of issue 7 are interchangeable sources.
+
+For a chunk of B samples with per-sample gradients g_b (over all parameters p):
+
+* flat: factor_b = min(1, C / (||g_b|| + eps)), the same for every parameter, so each sample's
+  clipped contribution has total L2 norm <= C; sensitivity C.
+* per-layer: factor_{b,k} = min(1, C_k / (||g_{b,k}|| + eps)) per parameter k; sensitivity
+  sqrt(sum_k C_k^2). By default C_k = C / sqrt(K) for K parameters, so the sensitivity is C.
+* adaptive: flat clipping whose C follows a target quantile of the per-sample norms, estimated
+  privately; see `AdaptiveClipper`.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from dptrain.errors import ConfigError, PrivacyError
+
+#: Clip factors use the bound C * (1 - SAFETY_ULPS * eps(dtype)), so that the clipped norm stays
+#: <= C despite rounding (a relative bias of ~1e-15 in float64, ~1e-6 in float32). A zero norm
+#: gives C / 0 = inf, clamped to a factor of 1 (its gradient is zero anyway): no epsilon is added
+#: to norms, so clipping is exact up to that margin.
+SAFETY_ULPS = 8
+
+
+class PerSampleSource(Protocol):
+    """The clipping interface of contract 1 (GradSampleModule, GhostClippingModule)."""
+
+    def per_sample_batch_size(self) -> int: ...
+
+    def squared_norms(self) -> dict[nn.Parameter, Tensor]: ...
+
+    def weighted_sum(self, weights: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]: ...
+
+    def clear_per_sample(self) -> None: ...
+
+    def check_complete(self) -> None: ...
+
+
+#: fn(std) -> one scalar Gaussian draw N(0, std^2) from the optimizer's noise source.
+ScalarNoise = Callable[[float], float]
+
+
+def _check_norm(value: float, argument: str) -> float:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise PrivacyError(f"{argument}={value!r} must be a finite clipping norm > 0 (the bound C "
+                           "on each sample's gradient L2 norm); pass e.g. 1.0.")
+    return float(value)
+
+
+def _at_least_float32(t: Tensor) -> Tensor:
+    """`t` in float64 if it is float64, else in float32 (bf16/fp16 norms would lose the bound)."""
+    return t if t.dtype in (torch.float32, torch.float64) else t.float()
+
+
+def total_norms(squared: dict[nn.Parameter, Tensor]) -> Tensor:
+    """Per-sample L2 norm over all parameters: sqrt(sum_p squared[p]); Tensor[B], float32/64."""
+    dtype = torch.float64 if any(t.dtype == torch.float64 for t in squared.values()) else torch.float32
+    return torch.stack([t.to(dtype) for t in squared.values()]).sum(dim=0).sqrt()
+
+
+def layer_norms(squared: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
+    """Per-sample L2 norm of each parameter's gradient: {p: Tensor[B]}, float32/64."""
+    return {p: _at_least_float32(sq).sqrt() for p, sq in squared.items()}
+
+
+def clip_factors(norms: Tensor, bound: float) -> Tensor:
+    """min(1, bound' / norm) for each sample, bound' = bound minus a few ulps; Tensor[B] like
+    `norms` (see SAFETY_ULPS)."""
+    safe_bound = bound * (1.0 - SAFETY_ULPS * torch.finfo(norms.dtype).eps)
+    return (safe_bound / norms).clamp(max=1.0)
+
+
+class Clipper(ABC):
+    """A per-sample clipping strategy; `sensitivity` bounds one sample's clipped contribution."""
+
+    name: str = "clipper"
+
+    @property
+    @abstractmethod
+    def max_grad_norm(self) -> float:
+        """The L2 sensitivity of one sample's clipped contribution over all parameters."""
+
+    @abstractmethod
+    def factors(self, squared: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
+        """Clip factors per parameter, Tensor[B] each, from per-sample squared norms."""
+
+    def clip(self, source: PerSampleSource) -> dict[nn.Parameter, Tensor]:
+        """Clipped per-parameter sums of the source's current chunk: {p: Tensor[*p.shape]}."""
+        weights = self.factors(source.squared_norms())
+        return source.weighted_sum({p: w.to(p.dtype) for p, w in weights.items()})
+
+    def gradient_noise_multiplier(self, noise_multiplier: float) -> float:
+        """The sigma applied to the gradient sum, given the accounted sigma (equal by default)."""
+        return noise_multiplier
+
+    def end_step(self, scalar_noise: ScalarNoise, expected_batch_size: float) -> None:
+        """Called once after each logical step (adaptive clipping updates its bound here)."""
+
+    def reset_accumulation(self) -> None:
+        """Forget statistics gathered from an abandoned logical batch (adaptive: the count)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("name", self.name) != self.name:
+            raise ConfigError(f"Cannot load {state.get('name')!r} clipping state into "
+                              f"clipping={self.name!r}: use the saved run's clipping.")
+
+
+class FlatClipper(Clipper):
+    """Clip each sample's gradient to total L2 norm <= C over all parameters."""
+
+    name = "flat"
+
+    def __init__(self, max_grad_norm: float) -> None:
+        self._bound = _check_norm(max_grad_norm, "max_grad_norm")
+
+    @property
+    def max_grad_norm(self) -> float:
+        return self._bound
+
+    def factors(self, squared: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
+        factor = clip_factors(total_norms(squared), self._bound)
+        return {p: factor for p in squared}
+
+
+class PerLayerClipper(Clipper):
+    """Clip each parameter's per-sample gradient to its own bound C_k.
+
+    Args:
+        max_grad_norm: a total C split equally as C_k = C / sqrt(K), or a list of K bounds in the
+            order of `params`.
+        params: the trainable parameters, in model order (K of them).
+    """
+
+    name = "per_layer"
+
+    def __init__(self, max_grad_norm: float | Sequence[float], params: Sequence[nn.Parameter]) -> None:
+        params = list(params)
+        if not params:
+            raise ConfigError("clipping='per_layer' needs at least one trainable parameter.")
+        if isinstance(max_grad_norm, (int, float)):
+            total = _check_norm(max_grad_norm, "max_grad_norm")
+            bounds = [total / math.sqrt(len(params))] * len(params)
+        else:
+            bounds = [_check_norm(b, f"max_grad_norm[{i}]") for i, b in enumerate(max_grad_norm)]
+            if len(bounds) != len(params):
+                raise ConfigError(f"max_grad_norm has {len(bounds)} per-layer bounds but the model has "
+                                  f"{len(params)} trainable parameters: give one bound per parameter "
+                                  "(in model order) or a single float to split equally.")
+        self.bounds: dict[nn.Parameter, float] = dict(zip(params, bounds))
+
+    @property
+    def max_grad_norm(self) -> float:
+        return math.sqrt(sum(b * b for b in self.bounds.values()))
+
+    def factors(self, squared: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
+        return {p: clip_factors(norm, self.bounds[p]) for p, norm in layer_norms(squared).items()}
+
+
+class AdaptiveClipper(FlatClipper):
+    """Flat clipping whose bound tracks a quantile of per-sample norms (Andrew et al. 2021).
+
+    After each logical step, with b = (number of samples whose norm was <= C + N(0, sigma_b^2))
+    / expected_batch_size the privately estimated unclipped fraction, the bound moves
+    geometrically towards the target quantile gamma:  C <- C * exp(-eta * (b - gamma)).
+
+    Privacy (Andrew et al. 2021, Theorem 1): releasing the noisy count with std sigma_b (each
+    sample's indicator, centred, has sensitivity 1/2) together with the gradient sum noised with
+    multiplier z_grad costs exactly as much as one Gaussian mechanism with multiplier z, where
+    z^-2 = z_grad^-2 + (2 sigma_b)^-2. So the gradient gets
+    z_grad = (z^-2 - (2 sigma_b)^-2)^(-1/2) > z, and the accountant is stepped with the
+    configured z. This needs sigma_b > z / 2.
+
+    Args:
+        max_grad_norm: the initial bound C_0.
+        target_unclipped_quantile: gamma in [0, 1], the fraction of samples to leave unclipped.
+        clipbound_learning_rate: eta > 0.
+        count_noise_std: sigma_b, std of the noise on the unclipped count (in samples); Andrew
+            et al. suggest expected_batch_size / 20.
+    """
+
+    name = "adaptive"
+
+    def __init__(self, max_grad_norm: float, target_unclipped_quantile: float,
+                 clipbound_learning_rate: float, count_noise_std: float) -> None:
+        super().__init__(max_grad_norm)
+        if not 0.0 <= target_unclipped_quantile <= 1.0:
+            raise ConfigError(f"target_unclipped_quantile={target_unclipped_quantile!r} must be in "
+                              "[0, 1] (the fraction of samples left unclipped, e.g. 0.5).")
+        if not clipbound_learning_rate > 0:
+            raise ConfigError(f"clipbound_learning_rate={clipbound_learning_rate!r} must be > 0 "
+                              "(e.g. 0.2).")
+        if not (math.isfinite(count_noise_std) and count_noise_std >= 0):
+            raise PrivacyError(f"count_noise_std={count_noise_std!r} must be a finite std >= 0 "
+                               "(in samples; e.g. expected_batch_size / 20).")
+        self.target_unclipped_quantile = float(target_unclipped_quantile)
+        self.clipbound_learning_rate = float(clipbound_learning_rate)
+        self.count_noise_std = float(count_noise_std)
+        self.unclipped_count = 0.0
+
+    def factors(self, squared: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
+        norms = total_norms(squared)
+        self.unclipped_count += float((norms <= self._bound).sum())
+        factor = clip_factors(norms, self._bound)
+        return {p: factor for p in squared}
+
+    def gradient_noise_multiplier(self, noise_multiplier: float) -> float:
+        if noise_multiplier == 0:
+            return 0.0
+        if not 2.0 * self.count_noise_std > noise_multiplier:
+            raise PrivacyError(
+                f"count_noise_std={self.count_noise_std} is too small for noise_multiplier="
+                f"{noise_multiplier}: adaptive clipping needs count_noise_std > noise_multiplier / 2 "
+                "so that part of the privacy budget is left for the gradient; raise "
+                "count_noise_std (Andrew et al. suggest expected_batch_size / 20).")
+        inverse_sq = noise_multiplier ** -2 - (2.0 * self.count_noise_std) ** -2
+        return inverse_sq ** -0.5
+
+    def end_step(self, scalar_noise: ScalarNoise, expected_batch_size: float) -> None:
+        noisy_fraction = (self.unclipped_count + scalar_noise(self.count_noise_std)) / expected_batch_size
+        self._bound *= math.exp(-self.clipbound_learning_rate
+                                * (noisy_fraction - self.target_unclipped_quantile))
+        self.reset_accumulation()
+
+    def reset_accumulation(self) -> None:
+        self.unclipped_count = 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "max_grad_norm": self._bound,
+                "unclipped_count": self.unclipped_count}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._bound = float(state["max_grad_norm"])
+        self.unclipped_count = float(state["unclipped_count"])
+
+
+CLIPPING_MODES = ("flat", "per_layer", "adaptive")
+
+
+def make_clipper(clipping: str, max_grad_norm: float | Sequence[float],
+                 params: Sequence[nn.Parameter], *, expected_batch_size: float,
+                 target_unclipped_quantile: float = 0.5, clipbound_learning_rate: float = 0.2,
+                 count_noise_std: float | None = None) -> Clipper:
+    """The clipper for `clipping` ("flat" | "per_layer" | "adaptive"), validating its arguments.
+
+    `count_noise_std` (adaptive only) defaults to expected_batch_size / 20 (Andrew et al.).
+    """
+    if clipping not in CLIPPING_MODES:
+        raise ConfigError(f"clipping={clipping!r} is not a clipping mode; use one of "
+                          f"{list(CLIPPING_MODES)}.")
+    if clipping == "per_layer":
+        return PerLayerClipper(max_grad_norm, params)
+    if not isinstance(max_grad_norm, (int, float)):
+        raise ConfigError(f"max_grad_norm={max_grad_norm!r}: a list of per-layer bounds needs "
+                          f"clipping='per_layer' (got clipping={clipping!r}); pass one float.")
+    if clipping == "flat":
+        return FlatClipper(max_grad_norm)
+    if count_noise_std is None:
+        count_noise_std = expected_batch_size / 20.0
+    return AdaptiveClipper(max_grad_norm, target_unclipped_quantile, clipbound_learning_rate,
+                           count_noise_std)

@@ -1,0 +1,328 @@
+"""PrivacyEngine and make_private: the two-line Python API of DP-SGD.
+
+    engine = PrivacyEngine(accountant="prv")
+    model, optimizer, loader = engine.make_private(module=model, optimizer=optimizer,
+        data_loader=loader, noise_multiplier=1.0, max_grad_norm=1.0)
+    ...  # the user's training loop, unchanged
+    engine.get_epsilon(delta=1e-5)
+
+`make_private` validates everything up front, wraps the model in the per-sample gradient module
+("hooks": GradSampleModule; "ghost": GhostClippingModule), rebuilds the loader with Poisson
+sampling, wraps the optimizer in a DPOptimizer whose every real step steps the accountant with
+the sigma and q actually used, and fixes the public expected batch size q * N once.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+from torch.utils.data import DataLoader
+
+from dptrain.data.sampling import DPDataLoader, dataset_size, default_sample_rate
+from dptrain.errors import ConfigError, PrivacyError
+from dptrain.privacy.clipping import make_clipper
+from dptrain.privacy.noise import derive_seeds, make_generator
+from dptrain.privacy.optimizer import (
+    DPOptimizer,
+    check_noise_multiplier,
+    check_sample_rate,
+)
+from dptrain.privacy.schedules import Schedule, as_schedule
+
+GRAD_SAMPLE_MODES = ("hooks", "ghost")
+_INTERFACE = ("per_sample_batch_size", "squared_norms", "weighted_sum", "clear_per_sample",
+              "check_complete")
+ScheduleSpec = Schedule | Callable[[int], float] | dict[str, Any] | None
+
+
+def _make_accountant(accountant: Any) -> Any:
+    """An accountant from its name ("prv" | "rdp" | "gdp"), or an accountant object as is."""
+    if not isinstance(accountant, str):
+        return accountant
+    from dptrain.accounting import get_accountant
+
+    return get_accountant(accountant)
+
+
+def warn_if_delta_too_large(delta: float, num_samples: int | None, argument: str) -> None:
+    """PrivacyError for delta outside (0, 1); a warning when delta >= 1/N."""
+    if not (isinstance(delta, (int, float)) and 0 < delta < 1):
+        raise PrivacyError(f"{argument}={delta!r} must be in (0, 1), and much smaller than 1/N.")
+    if num_samples and delta >= 1.0 / num_samples:
+        warnings.warn(f"{argument}={delta} is not below 1/N = {1.0 / num_samples:.3g} (N = "
+                      f"{num_samples} examples): a mechanism that publishes one random example "
+                      f"satisfies that delta. Use delta well below 1/N, e.g. {0.1 / num_samples:.1g}.",
+                      UserWarning, stacklevel=3)
+
+
+def _wrap_module(module: nn.Module, grad_sample_mode: str, batch_first: bool,
+                 loss_reduction: str) -> Any:
+    """The per-sample gradient module for `grad_sample_mode` (a wrapped module is kept as is)."""
+    if grad_sample_mode not in GRAD_SAMPLE_MODES:
+        raise ConfigError(f"grad_sample_mode={grad_sample_mode!r} is unknown; use one of "
+                          f"{list(GRAD_SAMPLE_MODES)}.")
+    if all(callable(getattr(module, name, None)) for name in _INTERFACE):
+        return module
+    if not isinstance(module, nn.Module):
+        raise ConfigError(f"module must be a torch.nn.Module, got {type(module).__name__}.")
+    try:
+        if grad_sample_mode == "hooks":
+            from dptrain.grad_sample.module import GradSampleModule as wrapper
+        else:
+            from dptrain.grad_sample.ghost import GhostClippingModule as wrapper
+    except ImportError as err:
+        raise ConfigError(f"grad_sample_mode={grad_sample_mode!r} is not available in this "
+                          f"installation ({err}); use grad_sample_mode='hooks'.") from err
+    return wrapper(module, batch_first=batch_first, loss_reduction=loss_reduction)
+
+
+def _trainable_parameters(source: Any) -> list[tuple[str, nn.Parameter]]:
+    """(name, param) of the wrapped module's trainable parameters, in model order."""
+    if callable(getattr(source, "trainable_parameters", None)):
+        return list(source.trainable_parameters())
+    return [(n, p) for n, p in source.named_parameters() if p.requires_grad]
+
+
+def _check_optimizer_params(optimizer: Optimizer, module: nn.Module,
+                            named: list[tuple[str, nn.Parameter]]) -> None:
+    """ConfigError unless the optimizer holds every trainable parameter of the module and
+    nothing outside the module (frozen parameters of the module may be held: they get no noise)."""
+    if not isinstance(optimizer, Optimizer):
+        raise ConfigError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    in_module = {id(p) for p in module.parameters()}
+    missing = [n for n, p in named if id(p) not in in_optimizer]
+    foreign = len(in_optimizer - in_module)
+    if missing or foreign:
+        raise ConfigError(
+            f"optimizer's parameters are not the module's trainable parameters: {len(missing)} "
+            f"trainable parameter(s) missing from the optimizer ({missing[:5]}) and {foreign} "
+            "optimizer parameter(s) that are not the module's. Build the optimizer from "
+            "model.parameters() of the same model before make_private.")
+
+
+def _check_max_grad_norm(clipping: str, max_grad_norm: Any) -> None:
+    if clipping == "per_layer" and isinstance(max_grad_norm, Sequence) and not isinstance(max_grad_norm, str):
+        return
+    if not (isinstance(max_grad_norm, (int, float)) and math.isfinite(max_grad_norm)
+            and max_grad_norm > 0):
+        raise PrivacyError(f"max_grad_norm={max_grad_norm!r} must be a finite clipping norm > 0 "
+                           "(or, with clipping='per_layer', a list of them); pass e.g. 1.0.")
+
+
+class PrivacyEngine:
+    """Makes a model, optimizer and loader private and keeps the privacy accountant.
+
+    Args:
+        accountant: "prv" (tight, default), "rdp" or "gdp", or an accountant object.
+        secure_mode: draw noise and sampling from the OS CSPRNG (see dptrain.privacy.noise);
+            runs are then not reproducible.
+        seed: seed of the reproducible noise and sampling generators (default: drawn from
+            torch's global RNG, so torch.manual_seed makes runs repeat). Ignored in secure mode.
+    """
+
+    def __init__(self, accountant: Any = "prv", secure_mode: bool = False,
+                 seed: int | None = None) -> None:
+        self.accountant = _make_accountant(accountant)
+        self.secure_mode = bool(secure_mode)
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,)).item())
+        self.seed = int(seed)
+        noise_seed, sampling_seed = derive_seeds(self.seed, 2)
+        self._noise_seed = noise_seed
+        self.noise_generator = None if self.secure_mode else make_generator(noise_seed)
+        self.sampling_generator = None if self.secure_mode else make_generator(sampling_seed)
+        self.optimizer: DPOptimizer | None = None
+        self.data_loader: Any = None
+        self.dataset_size: int | None = None
+        self.poisson_sampling = True
+
+    # -- making things private ---------------------------------------------------------------
+    def make_private(self, *, module: nn.Module, optimizer: Optimizer, data_loader: DataLoader,
+                     noise_multiplier: float, max_grad_norm: float | list[float],
+                     poisson_sampling: bool = True, clipping: str = "flat",
+                     noise_generator: torch.Generator | None = None,
+                     grad_sample_mode: str = "hooks", noise_schedule: ScheduleSpec = None,
+                     sample_rate_schedule: ScheduleSpec = None, allow_non_poisson: bool = False,
+                     batch_first: bool = True, loss_reduction: str = "mean",
+                     target_unclipped_quantile: float = 0.5, clipbound_learning_rate: float = 0.2,
+                     count_noise_std: float | None = None) -> tuple[Any, DPOptimizer, Any]:
+        """The private (module, optimizer, data_loader); see the README section "Python API".
+
+        Adaptive clipping (clipping="adaptive") uses target_unclipped_quantile,
+        clipbound_learning_rate and count_noise_std (default expected_batch_size / 20).
+        Raises PrivacyError / ConfigError naming the argument for any unusable value.
+        """
+        from dptrain.distributed.ddp import private_classes, unwrap_ddp
+
+        module, distributed = unwrap_ddp(module)  # a DDP model: its inner module, issue 9
+        loader_class, optimizer_class = private_classes(distributed, poisson_sampling)
+        sigma = check_noise_multiplier(noise_multiplier)
+        _check_max_grad_norm(clipping, max_grad_norm)
+        num_samples, sample_rate = self._loader_rate(data_loader)
+        if noise_generator is not None and self.secure_mode:
+            raise ConfigError("noise_generator cannot be used with secure_mode=True: secure mode "
+                              "draws all noise from the OS CSPRNG. Drop one of the two.")
+        noise_sched = as_schedule(noise_schedule, sigma, "noise_schedule")
+        rate_sched = as_schedule(sample_rate_schedule, sample_rate, "sample_rate_schedule")
+        source = _wrap_module(module, grad_sample_mode, batch_first, loss_reduction)
+        named = _trainable_parameters(source)
+        _check_optimizer_params(optimizer, source, named)
+        expected_batch_size = sample_rate * num_samples
+        clipper = make_clipper(clipping, max_grad_norm, [p for _, p in named],
+                               expected_batch_size=expected_batch_size,
+                               target_unclipped_quantile=target_unclipped_quantile,
+                               clipbound_learning_rate=clipbound_learning_rate,
+                               count_noise_std=count_noise_std)
+        clipper.gradient_noise_multiplier(sigma)  # adaptive: fails now if sigma_b is too small
+        self._place_noise_generator([p for _, p in named])
+        private_loader = self._private_loader(data_loader, poisson_sampling, allow_non_poisson,
+                                              rate_sched, loader_class)
+        dp_optimizer = optimizer_class(optimizer, sigma, None, expected_batch_size, clipper,
+                                   module=source, sample_rate=sample_rate,
+                                   noise_generator=(self.noise_generator if noise_generator is None
+                                                    else noise_generator),
+                                   secure_mode=self.secure_mode, noise_schedule=noise_sched,
+                                   sample_rate_schedule=rate_sched)
+        dp_optimizer.attach_step_hook(self._account_step)
+        self.optimizer, self.data_loader, self.dataset_size = dp_optimizer, private_loader, num_samples
+        return source, dp_optimizer, private_loader
+
+    def make_private_with_epsilon(self, *, target_epsilon: float, target_delta: float,
+                                  epochs: float, data_loader: DataLoader,
+                                  epsilon_tolerance: float = 0.01,
+                                  **kwargs: Any) -> tuple[Any, DPOptimizer, Any]:
+        """make_private with the noise multiplier calibrated so that `epochs` epochs spend
+        `target_epsilon` at `target_delta` (the accountant's method). Other arguments as
+        make_private (noise_multiplier and the schedules excluded)."""
+        for name in ("noise_multiplier", "noise_schedule", "sample_rate_schedule"):
+            if kwargs.get(name) is not None:
+                raise ConfigError(f"make_private_with_epsilon calibrates a constant noise multiplier "
+                                  f"for a constant sample rate: do not pass {name}; use make_private "
+                                  "with a given sigma (and check the budget with get_epsilon).")
+            kwargs.pop(name, None)
+        if not (isinstance(target_epsilon, (int, float)) and 0 < target_epsilon < math.inf):
+            raise PrivacyError(f"target_epsilon={target_epsilon!r} must be a finite epsilon > 0.")
+        if not (isinstance(epochs, (int, float)) and epochs > 0):
+            raise ConfigError(f"epochs={epochs!r} must be > 0 (the training length the budget covers).")
+        num_samples, sample_rate = self._loader_rate(data_loader)
+        warn_if_delta_too_large(target_delta, num_samples, "target_delta")
+        steps = max(1, math.ceil(epochs * len(data_loader)))
+        from dptrain.accounting import get_noise_multiplier
+
+        sigma = get_noise_multiplier(target_epsilon=target_epsilon, target_delta=target_delta,
+                                     sample_rate=sample_rate, steps=steps,
+                                     accountant=self.accountant.name,
+                                     epsilon_tolerance=epsilon_tolerance)
+        return self.make_private(data_loader=data_loader, noise_multiplier=sigma, **kwargs)
+
+    # -- accounting ----------------------------------------------------------------------------
+    def _account_step(self, optimizer: DPOptimizer) -> None:
+        """Step hook: the accountant records the sigma and q this step actually used."""
+        self.accountant.step(noise_multiplier=optimizer.noise_multiplier,
+                             sample_rate=optimizer.sample_rate)
+
+    def get_epsilon(self, delta: float) -> float:
+        """Epsilon spent so far at `delta` (warns when the loader is not Poisson-sampled)."""
+        warn_if_delta_too_large(delta, self.dataset_size, "delta")
+        if not self.poisson_sampling:
+            warnings.warn("The data loader does not use Poisson sampling (allow_non_poisson=True): "
+                          "the epsilon assumes Poisson sampling and is NOT a proven guarantee for "
+                          "this run.", UserWarning, stacklevel=2)
+        return float(self.accountant.get_epsilon(delta=delta))
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Accountant, generator states and the optimizer's DP state, for exact resume.
+
+        In secure mode no generator state exists (nothing to save, nothing to replay).
+        """
+        opt = self.optimizer
+        sampler = getattr(self.data_loader, "poisson_sampler", None)
+        noise_gen = opt.noise_generator if opt is not None else self.noise_generator
+        return {
+            "accountant": self.accountant.state_dict(),
+            "seed": self.seed,
+            "secure_mode": self.secure_mode,
+            "noise_generator": None if noise_gen is None else noise_gen.get_state(),
+            "sampler": None if sampler is None else sampler.state_dict(),
+            "optimizer": None if opt is None else opt.dp_state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s output (call after make_private for the full state)."""
+        self.accountant.load_state_dict(state["accountant"])
+        opt = self.optimizer
+        noise_gen = opt.noise_generator if opt is not None else self.noise_generator
+        if noise_gen is not None and state.get("noise_generator") is not None:
+            noise_gen.set_state(state["noise_generator"])
+        sampler = getattr(self.data_loader, "poisson_sampler", None)
+        if sampler is not None and state.get("sampler") is not None:
+            sampler.load_state_dict(state["sampler"])
+        if opt is not None and state.get("optimizer") is not None:
+            opt.load_dp_state_dict(state["optimizer"])
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _place_noise_generator(self, params: list[nn.Parameter]) -> None:
+        """Move the engine's (still unused) noise generator to the parameters' device, so noise
+        is drawn where it is added (same seed, so CPU runs are unchanged)."""
+        if self.noise_generator is None or not params:
+            return
+        device = params[0].device
+        if self.noise_generator.device != device:
+            self.noise_generator = make_generator(self._noise_seed, device=device)
+
+    @staticmethod
+    def _loader_rate(data_loader: DataLoader) -> tuple[int, float]:
+        """(N, q) of a loader: q = batch_size / N, validated to lie in (0, 1]."""
+        num_samples = dataset_size(data_loader)
+        rate = default_sample_rate(data_loader, num_samples)
+        if not 0 < rate <= 1:
+            raise PrivacyError(f"data_loader gives a sample rate of {rate:.4g} (batch_size / N with "
+                               f"N = {num_samples}); it must be in (0, 1]: use a batch_size between "
+                               f"1 and {num_samples}.")
+        return num_samples, check_sample_rate(rate, "data_loader sample rate")
+
+    def _private_loader(self, data_loader: DataLoader, poisson_sampling: bool,
+                        allow_non_poisson: bool, rate_schedule: Schedule | None,
+                        loader_class: type[DPDataLoader] = DPDataLoader) -> Any:
+        """The Poisson loader, or the given loader when non-Poisson sampling is allowed."""
+        self.poisson_sampling = bool(poisson_sampling)
+        if poisson_sampling:
+            return loader_class.from_data_loader(data_loader, generator=self.sampling_generator,
+                                                 secure=self.secure_mode,
+                                                 sample_rate_schedule=rate_schedule)
+        if not allow_non_poisson:
+            raise ConfigError("poisson_sampling=False: the privacy accounting assumes Poisson "
+                              "sampling; pass allow_non_poisson=True to train anyway (get_epsilon "
+                              "will then warn that the epsilon is not a guarantee).")
+        if rate_schedule is not None:
+            raise ConfigError("sample_rate_schedule needs poisson_sampling=True: a fixed-batch "
+                              "loader cannot follow a sample-rate schedule.")
+        return data_loader
+
+
+class PrivateTraining(NamedTuple):
+    """What `dptrain.make_private` returns."""
+
+    module: Any
+    optimizer: DPOptimizer
+    data_loader: Any
+    engine: PrivacyEngine
+
+
+def make_private(*, accountant: Any = "prv", secure_mode: bool = False, seed: int | None = None,
+                 **kwargs: Any) -> PrivateTraining:
+    """One call: a new PrivacyEngine(accountant, secure_mode, seed) and its make_private(**kwargs).
+
+    Returns (module, optimizer, data_loader, engine); engine.get_epsilon(delta) reports epsilon.
+    """
+    engine = PrivacyEngine(accountant=accountant, secure_mode=secure_mode, seed=seed)
+    module, optimizer, data_loader = engine.make_private(**kwargs)
+    return PrivateTraining(module, optimizer, data_loader, engine)

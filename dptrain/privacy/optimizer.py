@@ -1,0 +1,291 @@
+"""DPOptimizer: the DP-SGD step around any torch.optim optimizer.
+
+Per logical batch: clip each sample's gradient (a `Clipper`), sum the clipped gradients into
+`p.summed_grad` (possibly over several physical chunks), add Gaussian noise N(0, sigma^2 S^2)
+once (S the clipper's L2 sensitivity), divide by the public `expected_batch_size`, write `p.grad`,
+and step the wrapped optimizer. Then the step hooks run (the engine's accountant hook reads
+`noise_multiplier` and `sample_rate`, the values just used) and the schedules advance.
+
+As in Opacus (Yousefpour et al. 2021, Appendix D), after `step()` `p.summed_grad` holds the clipped
+noiseless sum and `p.grad` the final noisy gradient; `zero_grad()` clears them. A summed_grad that
+was already released by a step is never carried into the next logical batch, even if the user
+forgets `zero_grad()` (that would make one sample count in two releases).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from dptrain.errors import ConfigError, PrivacyError
+from dptrain.privacy.clipping import Clipper, FlatClipper, PerSampleSource
+from dptrain.privacy.noise import gaussian_noise
+from dptrain.privacy.schedules import Schedule
+
+StepHook = Callable[["DPOptimizer"], None]
+
+
+def check_noise_multiplier(value: float, argument: str = "noise_multiplier") -> float:
+    """`value` as a float if it is a finite sigma >= 0, else PrivacyError naming `argument`."""
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        raise PrivacyError(f"{argument}={value!r} must be a finite noise multiplier >= 0 (the "
+                           "Gaussian noise std in units of the clipping norm); pass e.g. 1.0.")
+    return float(value)
+
+
+def check_sample_rate(value: float, argument: str = "sample_rate") -> float:
+    """`value` as a float if it is in (0, 1], else PrivacyError naming `argument`."""
+    if not (isinstance(value, (int, float)) and 0 < value <= 1):
+        raise PrivacyError(f"{argument}={value!r} must be a sample rate in (0, 1] (the expected "
+                           "batch size divided by the dataset size).")
+    return float(value)
+
+
+class DPOptimizer(Optimizer):
+    """A differentially private wrapper of `optimizer` (shares its param_groups and state).
+
+    Args:
+        optimizer: the wrapped torch optimizer; its params must be the module's trainable ones.
+        noise_multiplier: sigma, the noise std in units of the clipping sensitivity (>= 0).
+        max_grad_norm: C; used to build a FlatClipper when `clipper` is None, otherwise it must
+            equal `clipper.max_grad_norm` (or be None).
+        expected_batch_size: q * N, the public denominator of the averaged gradient (samples).
+        clipper: the clipping strategy (default FlatClipper(max_grad_norm)).
+        module: the per-sample gradient source (clipping interface of contract 1).
+        sample_rate: q, the Poisson sample rate, read by the accountant hook at every step.
+        noise_generator: seeded torch.Generator for the noise (reproducible mode).
+        secure_mode: draw noise from the OS CSPRNG (see dptrain.privacy.noise).
+        noise_schedule / sample_rate_schedule: Schedule(step) -> sigma / q, applied from step 0.
+    """
+
+    def __init__(self, optimizer: Optimizer, noise_multiplier: float,
+                 max_grad_norm: float | None, expected_batch_size: float,
+                 clipper: Clipper | None = None, *, module: PerSampleSource, sample_rate: float,
+                 noise_generator: torch.Generator | None = None, secure_mode: bool = False,
+                 noise_schedule: Schedule | None = None,
+                 sample_rate_schedule: Schedule | None = None) -> None:
+        if isinstance(optimizer, DPOptimizer):
+            raise ConfigError("optimizer is already a DPOptimizer: pass the plain torch optimizer.")
+        self.original_optimizer = optimizer
+        self.module = module
+        self.clipper = clipper if clipper is not None else FlatClipper(max_grad_norm)
+        if max_grad_norm is not None and clipper is not None and not math.isclose(
+                float(max_grad_norm), clipper.max_grad_norm, rel_tol=1e-9):
+            raise ConfigError(f"max_grad_norm={max_grad_norm} differs from the clipper's "
+                              f"sensitivity {clipper.max_grad_norm}: pass max_grad_norm=None.")
+        self.noise_multiplier = check_noise_multiplier(noise_multiplier)
+        self.sample_rate = check_sample_rate(sample_rate)
+        if not (math.isfinite(expected_batch_size) and expected_batch_size > 0):
+            raise PrivacyError(f"expected_batch_size={expected_batch_size!r} must be > 0 (the "
+                               "public sample_rate * dataset size).")
+        self.expected_batch_size = float(expected_batch_size)
+        self._public_size = self.expected_batch_size / self.sample_rate  # N, public
+        self.noise_generator = noise_generator
+        self.secure_mode = bool(secure_mode)
+        self.noise_schedule = noise_schedule
+        self.sample_rate_schedule = sample_rate_schedule
+        self.steps_taken = 0
+        self._step_hooks: list[StepHook] = []
+        self._skip_next = False
+        self._last_step_skipped = False
+        self._summed_released = False
+        for p in self.params:
+            p.summed_grad = None
+        self._apply_schedules()
+
+    # -- shared state with the wrapped optimizer ---------------------------------------------
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return self.original_optimizer.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self.original_optimizer.param_groups = value
+
+    @property
+    def state(self) -> defaultdict:  # type: ignore[override]
+        return self.original_optimizer.state
+
+    @state.setter
+    def state(self, value: defaultdict) -> None:
+        self.original_optimizer.state = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+        return self.original_optimizer.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self.original_optimizer.defaults = value
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        """The trainable (requires_grad) parameters of every param group, in order; frozen ones
+        get no noise and keep p.grad None."""
+        return [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+
+    @property
+    def max_grad_norm(self) -> float:
+        """The clipping sensitivity C (per-layer: sqrt(sum C_k^2); adaptive: the current C)."""
+        return self.clipper.max_grad_norm
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state_dict (the DP state is in `dp_state_dict`)."""
+        return self.original_optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.original_optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        self.original_optimizer.add_param_group(param_group)
+
+    def __repr__(self) -> str:
+        return (f"DPOptimizer(noise_multiplier={self.noise_multiplier}, max_grad_norm="
+                f"{self.max_grad_norm}, clipping={self.clipper.name!r}, expected_batch_size="
+                f"{self.expected_batch_size}, secure_mode={self.secure_mode}, "
+                f"wrapping={self.original_optimizer!r})")
+
+    # -- the mechanism -----------------------------------------------------------------------
+    def attach_step_hook(self, fn: StepHook) -> None:
+        """Run fn(optimizer) after every real step (not after skipped virtual steps)."""
+        self._step_hooks.append(fn)
+
+    def signal_skip_step(self, do_skip: bool = True) -> None:
+        """Make the next `step()` only clip and accumulate (a non-final physical chunk)."""
+        self._skip_next = bool(do_skip)
+
+    def clip_and_accumulate(self) -> None:
+        """Clip the current chunk's per-sample gradients and add them into `p.summed_grad`.
+
+        Frees the per-sample state of the source. A chunk with 0 samples adds nothing.
+        """
+        if self._summed_released:
+            self._clear_summed()
+        source = self.module
+        if source.per_sample_batch_size() == 0:
+            source.clear_per_sample()
+            return
+        source.check_complete()
+        sums = self.clipper.clip(source)
+        for p in self.params:
+            clipped = sums.get(p)
+            if clipped is None:
+                continue
+            previous = getattr(p, "summed_grad", None)
+            p.summed_grad = clipped if previous is None else previous + clipped
+        source.clear_per_sample()
+
+    def _combine_clipped_sums(self, sums: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
+        """The reduction point between clipping and noise: identity on one process.
+
+        A distributed subclass all-reduces (sums) the clipped sums of every rank here, so that the
+        noise below is added once to the global sum. Returns {p: Tensor[*p.shape]}.
+        """
+        return sums
+
+    def _gradient_noise_std(self) -> float:
+        """Std of the noise on the clipped gradient sum, in gradient units: sigma_grad * S."""
+        return self.clipper.gradient_noise_multiplier(self.noise_multiplier) * self.clipper.max_grad_norm
+
+    def _noise(self, p: nn.Parameter, std: float) -> Tensor:
+        """The noise for parameter `p`: N(0, std^2) of p's shape in float32/64 on p's device."""
+        dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
+        return gaussian_noise(p.shape, std, self.noise_generator, self.secure_mode,
+                              device=p.device, dtype=dtype)
+
+    def _scalar_noise(self, std: float) -> float:
+        """One N(0, std^2) draw from the same source as the gradient noise (adaptive count)."""
+        return float(gaussian_noise((1,), std, self.noise_generator, self.secure_mode,
+                                    dtype=torch.float64)[0])
+
+    def _write_noisy_gradients(self) -> None:
+        """p.grad = (combined clipped sum + N(0, (sigma_grad * S)^2)) / expected_batch_size."""
+        params = self.params
+        sums = {p: p.summed_grad if getattr(p, "summed_grad", None) is not None
+                else torch.zeros_like(p) for p in params}
+        combined = self._combine_clipped_sums(sums)
+        std = self._gradient_noise_std()
+        for p in params:
+            noise = self._noise(p, std)
+            p.summed_grad = combined[p]
+            p.grad = ((combined[p].to(noise.dtype) + noise) / self.expected_batch_size).to(p.dtype)
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One DP step (or, after `signal_skip_step(True)`, only `clip_and_accumulate`).
+
+        `closure`, if given, is run first with gradients enabled (forward + backward).
+        Returns the closure's loss, else the wrapped optimizer's return value.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.clip_and_accumulate()
+        if self._skip_next:
+            self._skip_next, self._last_step_skipped = False, True
+            return loss
+        self._last_step_skipped = False
+        self._write_noisy_gradients()
+        result = self.original_optimizer.step()
+        self._summed_released = True
+        for hook in self._step_hooks:
+            hook(self)
+        self.clipper.end_step(self._scalar_noise, self.expected_batch_size)
+        self.steps_taken += 1
+        self._apply_schedules()
+        return loss if closure is not None else result
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear p.grad, the per-sample state and p.summed_grad (kept after a skipped step)."""
+        self.module.clear_per_sample()
+        if not self._last_step_skipped:
+            self._clear_summed()
+        self.original_optimizer.zero_grad(set_to_none=set_to_none)
+
+    def discard_partial_batch(self) -> None:
+        """Forget an unfinished logical batch: the clipped sums accumulated by skipped steps,
+        pending per-sample gradients and skip signals (nothing of it is ever released)."""
+        if self._last_step_skipped:
+            self._clear_summed()
+            self.clipper.reset_accumulation()
+            self._last_step_skipped = False
+        self._skip_next = False
+        self.module.clear_per_sample()
+
+    def _clear_summed(self) -> None:
+        for p in self.params:
+            p.summed_grad = None
+        self._summed_released = False
+
+    # -- schedules and state -----------------------------------------------------------------
+    def _apply_schedules(self) -> None:
+        """Set sigma, q and the expected batch size for step `steps_taken` from the schedules."""
+        step = self.steps_taken
+        if self.noise_schedule is not None:
+            self.noise_multiplier = check_noise_multiplier(
+                self.noise_schedule(step), f"noise_schedule (value at step {step})")
+        if self.sample_rate_schedule is not None:
+            self.sample_rate = check_sample_rate(
+                self.sample_rate_schedule(step), f"sample_rate_schedule (value at step {step})")
+            self.expected_batch_size = self.sample_rate * self._public_size
+
+    def dp_state_dict(self) -> dict[str, Any]:
+        """The DP state to resume exactly: step count, current sigma/q, clipper state."""
+        return {"steps_taken": self.steps_taken, "noise_multiplier": self.noise_multiplier,
+                "sample_rate": self.sample_rate, "expected_batch_size": self.expected_batch_size,
+                "clipper": self.clipper.state_dict()}
+
+    def load_dp_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of `dp_state_dict`."""
+        self.clipper.load_state_dict(state["clipper"])
+        self.steps_taken = int(state["steps_taken"])
+        self.noise_multiplier = float(state["noise_multiplier"])
+        self.sample_rate = float(state["sample_rate"])
+        self.expected_batch_size = float(state["expected_batch_size"])
+        self._apply_schedules()

@@ -1,0 +1,237 @@
+#!/usr/bin/env python
+"""End-to-end DP-SGD training speed, reproducing the Opacus paper's Figure 2 (issue 8).
+
+For each model (default: the paper's MNIST CNN, CIFAR-10 CNN, IMDb embedding and IMDb LSTM
+networks, ``dptrain.models``) x batch size x method, trains on synthetic data of the real
+dataset's shapes and records the per-epoch runtime (median and first epoch), throughput and
+peak memory. Methods: ``plain`` PyTorch (no DP), ``microbatch`` (naive DP-SGD: one
+forward/backward per sample), ``dptrain_hooks`` and ``dptrain_ghost`` (dptrain.make_private),
+``opacus_hooks`` and ``opacus_ghost`` (when Opacus is installed). All DP methods use the same
+sigma and C, SGD, and fixed batches of exactly B samples (instead of Poisson sampling: the
+timing is that of a batch of the expected size). Each configuration runs in its own child
+process (forked from a server that preloaded torch, dptrain and Opacus) under a wall-clock and a
+memory limit; one that exceeds them is recorded as ``timeout``/``oom`` (and larger batch sizes of
+the same model and method are not attempted).
+
+Outputs in ``--out``: ``e2e.json`` (environment, settings, one record per configuration),
+``e2e.md`` (the table), ``e2e_runtime.png`` (Figure 2 style) and ``e2e_cumulative.png``
+(Figure 4 style; both need matplotlib, skipped with a note otherwise); the table is printed.
+
+Example (the CPU run in the README)::
+
+    python scripts/benchmark_e2e.py --batch-sizes 64 256 1024 --epochs 3 --steps-per-epoch 5
+"""
+
+import argparse
+import functools
+import json
+import multiprocessing
+import multiprocessing.context
+import os
+import platform
+import signal
+import sys
+from dataclasses import asdict
+from importlib import metadata
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parent
+sys.path.insert(0, str(SCRIPTS))
+
+import torch  # noqa: E402
+from rich.console import Console  # noqa: E402
+
+from _bench_data import DATASETS, Workload, workload  # noqa: E402
+from _bench_methods import METHODS, unavailable_reason  # noqa: E402
+from _bench_plots import (  # noqa: E402
+    MATPLOTLIB_MISSING, cumulative_figure, default_cumulative_batch, matplotlib_available,
+    runtime_figure,
+)
+from _bench_report import make_record, markdown_table, rich_table, summary_table  # noqa: E402
+from _bench_worker import Config, child_main  # noqa: E402
+
+PAPER_MODELS = ["mnist_cnn", "cifar10_cnn", "imdb_embedding", "imdb_lstm"]
+FAILED = ("oom", "timeout")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--models", nargs="+", default=PAPER_MODELS, choices=sorted(DATASETS),
+                   help="models to run (transformer: issue 7's 6x512 GPT, T=256, vocab 32k)")
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=[16, 64, 256, 1024],
+                   help="batch sizes (the paper: 16 32 64 128 256 512 1024 2048)")
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--epochs", type=int, default=3, help="epochs per configuration (paper: 20)")
+    p.add_argument("--steps-per-epoch", type=int, default=5,
+                   help="steps timed per epoch; 0 = a real epoch, ceil(dataset size / B)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                   help="torch intra-op threads per configuration")
+    p.add_argument("--noise-multiplier", type=float, default=1.0, help="sigma of every DP method")
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="clipping norm C")
+    p.add_argument("--memory-limit-mb", type=float, default=None,
+                   help="per-configuration memory limit (CPU: total RSS; CUDA: allocator cap); "
+                        "default: 80%% of physical RAM on CPU, the whole device on CUDA")
+    p.add_argument("--timeout-s", type=float, default=600.0,
+                   help="wall-clock limit per configuration (including start-up)")
+    p.add_argument("--cumulative-batch-size", type=int, default=None,
+                   help="batch size of the cumulative-runtime figure (default: closest to 256)")
+    p.add_argument("--out", type=Path, default=Path("benchmark_results"), help="output folder")
+    args = p.parse_args(argv)
+    if min(args.batch_sizes) < 1 or args.epochs < 1 or args.steps_per_epoch < 0:
+        p.error("--batch-sizes and --epochs must be >= 1, --steps-per-epoch >= 0")
+    if args.memory_limit_mb is None and args.device == "cpu":
+        args.memory_limit_mb = 0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    return args
+
+
+def environment(args: argparse.Namespace) -> dict:
+    """Versions, device and threads: what a reader needs to compare numbers across machines."""
+    def version(pkg: str) -> str | None:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return None
+
+    device = torch.device(args.device)
+    return {
+        "python": platform.python_version(), "platform": platform.platform(),
+        "processor": _cpu_name(), "cpu_count": os.cpu_count(), "threads": args.threads,
+        "torch": torch.__version__, "dptrain": version("dptrain"), "opacus": version("opacus"),
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        return names[0] if names else platform.processor()
+    except OSError:
+        return platform.processor()
+
+
+#: Modules the forkserver imports once, so that each configuration's child starts at once
+#: (torch._dynamo: imported lazily by the first torch.optim optimizer, seconds).
+PRELOAD = ["__main__", "torch", "torch._dynamo", "_bench_worker", "_bench_methods",
+           "dptrain.models", "dptrain.privacy.engine", "dptrain.grad_sample.ghost", "opacus"]
+
+
+@functools.cache
+def _forkserver() -> multiprocessing.context.BaseContext:
+    """The multiprocessing context that starts configuration children (see _bench_worker)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)  # missing optional modules are skipped
+    return context
+
+
+def run_config(config: Config, timeout_s: float) -> tuple[str, list[float], float | None, str | None]:
+    """Run one configuration in a child process: (status, epoch times, peak MiB, error).
+
+    The child is killed when it exceeds ``timeout_s`` and whenever this function is left early
+    (Ctrl-C, SIGTERM), so no orphan keeps computing.
+    """
+    context = _forkserver()
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=child_main, args=(asdict(config), sender), daemon=True)
+    child.start()
+    sender.close()
+    try:
+        if not receiver.poll(timeout_s):
+            return "timeout", [], None, f"over the {timeout_s:g} s limit"
+        result = receiver.recv()
+    except EOFError:  # died without reporting: killed (e.g. by the kernel's OOM killer) or crashed
+        child.join()
+        killed = child.exitcode is not None and child.exitcode < 0
+        return ("oom" if killed else "error"), [], None, f"child exit code {child.exitcode}"
+    finally:
+        if child.is_alive():  # timed out, interrupted, or still exiting after its report
+            child.kill()
+        child.join()
+        receiver.close()
+    return result["status"], result["epoch_times_s"], result["peak_memory_mb"], result["error"]
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM -> SystemExit, so that run_config's cleanup kills the running child."""
+    raise SystemExit(128 + signum)
+
+
+def sweep(args: argparse.Namespace, console: Console) -> list[dict]:
+    """Every model x batch size x method, smallest batch first; returns the JSON records."""
+    records: list[dict] = []
+    failed_at: dict[tuple[str, str], str] = {}
+    for model in args.models:
+        for batch_size in sorted(args.batch_sizes):
+            work = workload(model, batch_size, args.steps_per_epoch or None)
+            for method in args.methods:
+                record = _run_one(args, work, method, failed_at)
+                records.append(asdict(record))
+                console.print(f"{model:15} B={batch_size:<5} {method:14} {record.status:8} "
+                              f"median {record.median_epoch_s or float('nan'):.3f} s"
+                              + (f"  ({record.error})" if record.error else ""))
+    return records
+
+
+def _run_one(args: argparse.Namespace, work: Workload, method: str, failed_at: dict):
+    """One configuration, or a skipped/failed record without running it when that is known."""
+    reason = unavailable_reason(method)
+    if reason:
+        return make_record(work, method, args.epochs, "skipped", [], error=reason)
+    earlier = failed_at.get((work.model, method))
+    if earlier:
+        return make_record(work, method, args.epochs, earlier, [],
+                           error=f"not run: {earlier} at a smaller batch size")
+    config = Config(
+        model=work.model, method=method, batch_size=work.batch_size, epochs=args.epochs,
+        steps=work.steps, device=args.device, threads=args.threads,
+        noise_multiplier=args.noise_multiplier, max_grad_norm=args.max_grad_norm,
+        memory_limit_mb=args.memory_limit_mb,
+    )
+    status, times, memory, error = run_config(config, args.timeout_s)
+    if status in FAILED:
+        failed_at[(work.model, method)] = status
+    return make_record(work, method, args.epochs, status, times, memory, error)
+
+
+def write_outputs(args: argparse.Namespace, records: list[dict], console: Console) -> dict:
+    """JSON, Markdown table and figures into ``args.out``; returns the JSON document."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    settings["sampling"] = "fixed batches of B samples (timing stand-in for Poisson sampling)"
+    document = {"environment": environment(args), "settings": settings, "results": records,
+                "notes": []}
+    (args.out / "e2e.md").write_text(markdown_table(records))
+    if matplotlib_available():
+        runtime_figure(records, args.models, args.methods, args.out / "e2e_runtime.png")
+        batch = args.cumulative_batch_size or default_cumulative_batch(args.batch_sizes)
+        cumulative_figure(records, args.models, args.methods, batch, args.out / "e2e_cumulative.png")
+    else:
+        document["notes"].append(MATPLOTLIB_MISSING)
+        console.print(MATPLOTLIB_MISSING)
+    (args.out / "e2e.json").write_text(json.dumps(document, indent=2))
+    return document
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    console = Console()
+    if not console.is_terminal:  # logs and pipes: wide enough for the whole table
+        console = Console(width=170)
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        records = sweep(args, console)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    write_outputs(args, records, console)
+    label = f"{args.device}, {args.threads} threads, {args.steps_per_epoch or 'full'} steps/epoch"
+    console.print(rich_table(records, f"End-to-end DP-SGD epoch time ({label})"))
+    console.print(summary_table(records, "Time multiples (< 1: dptrain faster)"))
+    console.print(f"written to {args.out}/ (e2e.json, e2e.md, figures)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""get_noise_multiplier: never above the target, within tolerance, clear errors."""
+
+import math
+
+import pytest
+
+from dptrain.accounting import compute_epsilon, get_noise_multiplier
+from dptrain.errors import PrivacyError
+
+
+@pytest.mark.parametrize("accountant", ["rdp", "gdp", "prv"])
+@pytest.mark.filterwarnings("ignore:gdp accountant")
+def test_calibrated_sigma_meets_the_target_within_tolerance_and_never_above(accountant):
+    sigma = get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sample_rate=0.02,
+                                 steps=300, accountant=accountant, epsilon_tolerance=0.02)
+    eps = compute_epsilon([(sigma, 0.02, 300)], 1e-5, accountant=accountant)
+    assert 2.0 - 0.02 <= eps <= 2.0
+
+
+@pytest.mark.parametrize("target", [0.5, 1.0, 4.0, 10.0])
+def test_calibrated_sigma_never_exceeds_target_for_rdp(target):
+    sigma = get_noise_multiplier(target_epsilon=target, target_delta=1e-6, sample_rate=0.01,
+                                 steps=2000)
+    assert compute_epsilon([(sigma, 0.01, 2000)], 1e-6) <= target
+
+
+def test_a_slightly_smaller_sigma_would_exceed_the_target():
+    sigma = get_noise_multiplier(target_epsilon=3.0, target_delta=1e-5, sample_rate=0.01,
+                                 steps=1000, epsilon_tolerance=0.001)
+    assert compute_epsilon([(sigma * 0.99, 0.01, 1000)], 1e-5) > 3.0
+
+
+def test_epochs_are_converted_to_ceil_of_epochs_over_sample_rate():
+    by_epochs = get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sample_rate=0.01,
+                                     epochs=3)
+    by_steps = get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sample_rate=0.01,
+                                    steps=300)
+    assert by_epochs == by_steps
+
+
+def test_steps_and_epochs_together_raise_privacy_error():
+    with pytest.raises(PrivacyError, match="exactly one of steps"):
+        get_noise_multiplier(target_epsilon=2.0, target_delta=1e-5, sample_rate=0.01,
+                             steps=10, epochs=1)
+
+
+def test_unreachable_target_raises_naming_target_epsilon_with_achievable_range():
+    with pytest.raises(PrivacyError, match=r"target_epsilon=1e-06 is unreachable.*achievable range"):
+        get_noise_multiplier(target_epsilon=1e-6, target_delta=1e-5, sample_rate=1.0,
+                             steps=1_000_000)
+
+
+@pytest.mark.parametrize("kwargs, argument", [
+    (dict(target_epsilon=-1.0), "target_epsilon"),
+    (dict(target_epsilon=0.0), "target_epsilon"),
+    (dict(target_delta=1.0), "target_delta"),
+    (dict(sample_rate=1.2), "sample_rate"),
+    (dict(accountant="moments"), "accountant"),
+])
+def test_invalid_arguments_raise_privacy_error_naming_them(kwargs, argument):
+    args = dict(target_epsilon=2.0, target_delta=1e-5, sample_rate=0.01, steps=100)
+    args.update(kwargs)
+    with pytest.raises(PrivacyError, match=argument):
+        get_noise_multiplier(**args)
+
+
+def test_very_loose_target_returns_a_tiny_but_valid_sigma():
+    sigma = get_noise_multiplier(target_epsilon=1e4, target_delta=1e-5, sample_rate=0.001, steps=1)
+    assert 0 < sigma <= 0.01
+    assert compute_epsilon([(sigma, 0.001, 1)], 1e-5) <= 1e4 and math.isfinite(sigma)

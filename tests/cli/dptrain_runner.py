@@ -1,0 +1,59 @@
+"""Run the real `dptrain` command in a subprocess (shared by the CLI tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+# What the `dptrain` console script runs, with this test's interpreter (no PATH lookup).
+ENTRY = "from dptrain.cli.main import main; main()"
+QUIET = ["train.progress=false"]
+
+
+def run_dptrain(
+    args: list[str], cwd: Path, timeout: float = 120, verbose_env: bool = False
+) -> subprocess.CompletedProcess:
+    """`dptrain ARGS` run from `cwd`; HYDRA_FULL_ERROR only when `verbose_env`."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    env["OMP_NUM_THREADS"] = "1"
+    if verbose_env:
+        env["HYDRA_FULL_ERROR"] = "1"
+    return subprocess.run(
+        [sys.executable, "-c", ENTRY, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def read_json(path: Path) -> Any:
+    """The JSON document in `path`."""
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+def run_in_process(
+    args: list[str], cwd: Path, monkeypatch: Any, capsys: Any
+) -> tuple[int, str, str]:
+    """The real `dptrain` entry point called in this process (fast: no interpreter start-up).
+
+    Returns (exit status, stdout, stderr); HYDRA_FULL_ERROR is unset for the call and restored.
+    """
+    from dptrain.cli.main import main
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "")
+    monkeypatch.setattr(sys, "argv", ["dptrain", *args])
+    capsys.readouterr()
+    try:
+        main()
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err

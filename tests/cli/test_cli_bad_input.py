@@ -1,0 +1,108 @@
+"""Bad input stops `dptrain` before training: short message naming the key and the fix, exit != 0.
+
+Most cases call the real entry point in-process (fast); one runs it as a subprocess to check the
+exit status and the absence of a traceback end to end.
+"""
+
+import pytest
+
+from dptrain.errors import ConfigError
+from dptrain_runner import QUIET, run_dptrain, run_in_process
+
+
+@pytest.fixture
+def dptrain(tmp_path, monkeypatch, capsys):
+    def call(*args):
+        code, _, err = run_in_process(list(args), tmp_path, monkeypatch, capsys)
+        assert code != 0
+        assert "Traceback" not in err
+        return err
+
+    return call
+
+
+def test_a_misspelt_config_group_suggests_the_right_one(dptrain):
+    assert "did you mean model=mnist_cnn" in dptrain("modle=mnist_cnn")
+
+
+def test_a_misspelt_group_option_suggests_the_right_one(dptrain):
+    assert "did you mean +recipe=mnist_cnn" in dptrain("+recipe=mnist_cn")
+
+
+def test_a_misspelt_key_suggests_the_right_one(dptrain):
+    assert "did you mean train.epochs=3" in dptrain("train.epoch=3")
+
+
+def test_a_dataset_missing_offline_names_the_path_and_the_download_flag(dptrain, tmp_path):
+    err = dptrain("+recipe=mnist_cnn", f"dataset.root={tmp_path / 'nothing'}", *QUIET)
+    assert str(tmp_path / "nothing") in err and "dataset.download=true" in err
+
+
+def test_a_model_failing_validation_lists_the_problems_and_the_fix(dptrain):
+    err = dptrain(
+        "model=custom",
+        "model._target_=torchvision.models.resnet18",
+        "dataset=cifar10",
+        "dataset.synthetic=true",
+        "dataset.max_samples=64",
+        *QUIET,
+    )
+    assert "BatchNorm2d" in err and "ModuleValidator.fix" in err and "model=" in err
+
+
+def test_a_model_that_does_not_fit_the_dataset_is_refused(dptrain):
+    err = dptrain("model=mnist_cnn", *QUIET)
+    assert "model=mnist_cnn cannot take dataset=digits inputs" in err
+
+
+def test_a_custom_model_without_target_asks_for_it(dptrain):
+    assert "model._target_" in dptrain("model=custom", *QUIET)
+
+
+def test_privacy_with_neither_target_epsilon_nor_sigma_is_refused(dptrain):
+    err = dptrain("privacy.target_epsilon=null", *QUIET)
+    assert "privacy.target_epsilon" in err and "privacy.noise_multiplier" in err
+
+
+def test_a_physical_batch_above_the_logical_batch_is_refused(dptrain):
+    err = dptrain("train.batch_size=32", "train.max_physical_batch_size=64", *QUIET)
+    assert "train.max_physical_batch_size" in err and "<=32" in err
+
+
+def test_a_noise_schedule_with_a_target_epsilon_is_refused(dptrain):
+    err = dptrain("noise_schedule=exponential", *QUIET)
+    assert "noise_schedule=exponential needs privacy=sigma" in err
+
+
+def test_verbose_flag_raises_with_the_traceback(tmp_path, monkeypatch, capsys):
+    with pytest.raises(ConfigError, match="max_physical_batch_size"):
+        run_in_process(
+            ["-v", "train.batch_size=32", "train.max_physical_batch_size=64", *QUIET],
+            tmp_path,
+            monkeypatch,
+            capsys,
+        )
+
+
+def test_bad_input_leaves_no_training_outputs(dptrain, tmp_path):
+    dptrain("train.batch_size=32", "train.max_physical_batch_size=64", "hydra.run.dir=run", *QUIET)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    assert not (tmp_path / "run" / "privacy_ledger.json").exists()
+
+
+def test_the_command_exits_with_status_2_and_no_traceback_on_bad_input(tmp_path):
+    result = run_dptrain(
+        ["train.batch_size=32", "train.max_physical_batch_size=64", *QUIET], tmp_path
+    )
+    assert result.returncode == 2
+    assert "train.max_physical_batch_size" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_model_target_that_cannot_be_imported_names_model_target(dptrain):
+    err = dptrain("model=custom", "model._target_=nowhere.Net", *QUIET)
+    assert "model._target_=nowhere.Net" in err
+
+
+def test_an_argument_the_model_does_not_take_is_named(dptrain):
+    err = dptrain("+model.depth=3", *QUIET)
+    assert "depth" in err and "digits_mlp" in err

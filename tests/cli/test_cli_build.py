@@ -1,0 +1,112 @@
+"""Config -> objects (cli/build.py): settings checks, the delta rule, the non-private job."""
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+
+from dptrain.cli.build import build_job, build_settings, default_delta, privacy_mode
+from dptrain.errors import ConfigError
+
+
+def compose_config(*overrides):
+    with initialize_config_module("dptrain.conf", version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize(
+    "n, delta",
+    [(1442, 1e-5), (60_000, 1e-6), (50_000, 1e-6), (25_000, 1e-6), (1000, 1e-4), (999, 1e-4)],
+)
+def test_default_delta_is_one_over_ten_n_rounded_down_to_a_power_of_ten(n, delta):
+    assert default_delta(n) == delta
+    assert default_delta(n) <= 1 / (10 * n)
+
+
+def test_train_settings_carry_every_train_key(tmp_path):
+    cfg = compose_config("train.epochs=2", "train.max_steps=7", "train.keep_best=true")
+    settings = build_settings(dict(cfg.train), tmp_path)
+    assert (settings.epochs, settings.max_steps, settings.keep_best, settings.batch_size) == (
+        2,
+        7,
+        True,
+        128,
+    )
+    assert settings.run_dir == tmp_path
+
+
+@pytest.mark.parametrize(
+    "key, value", [("epochs", 0), ("batch_size", -1), ("max_steps", 0), ("eval_every", -1)]
+)
+def test_train_settings_refuse_non_positive_counts_naming_the_key(tmp_path, key, value):
+    cfg = compose_config(f"train.{key}={value}")
+    with pytest.raises(ConfigError, match=f"train.{key}"):
+        build_settings(dict(cfg.train), tmp_path)
+
+
+def test_a_hand_written_privacy_group_is_classified_by_its_keys():
+    assert privacy_mode({"target_epsilon": 1.0}) == "epsilon"
+    assert privacy_mode({"noise_multiplier": 1.0}) == "sigma"
+    with pytest.raises(ConfigError, match="privacy=none"):
+        privacy_mode({"max_grad_norm": 1.0})
+
+
+def test_a_non_private_job_has_no_engine_and_a_shuffled_loader(tmp_path):
+    job, settings = build_job(compose_config("privacy=none", "train.batch_size=64"), tmp_path)
+    assert job.engine is None and not job.privacy.enabled
+    assert job.train_loader.batch_size == 64
+    assert job.dataset_name == "digits" and job.dataset_size == len(job.train_loader.dataset)
+    assert job.config["privacy"] == {"name": "none"}
+
+
+def test_the_job_config_is_fully_resolved_plain_data(tmp_path):
+    job, _ = build_job(
+        compose_config(
+            "privacy=none",
+            "dataset=imdb",
+            "model=imdb_embedding",
+            "dataset.synthetic=true",
+            "dataset.max_samples=32",
+            "dataset.vocab_size=100",
+            "train.batch_size=8",
+        ),
+        tmp_path,
+    )
+    assert job.config["model"]["vocab_size"] == 100
+    assert isinstance(job.config, dict)
+
+
+def test_the_same_seed_builds_the_same_initial_model(tmp_path):
+    first, _ = build_job(compose_config("privacy=none", "train.seed=4"), tmp_path)
+    second, _ = build_job(compose_config("privacy=none", "train.seed=4"), tmp_path)
+    for a, b in zip(first.model.parameters(), second.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_an_unavailable_cuda_device_is_refused_when_no_gpu_is_visible(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    with pytest.raises(ConfigError, match="hardware=cpu"):
+        build_job(compose_config("privacy=none", "hardware=cuda"), tmp_path)
+
+
+def test_a_batch_larger_than_the_dataset_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="train.batch_size"):
+        build_job(
+            compose_config("privacy=none", "dataset.max_samples=50", "train.batch_size=64"),
+            tmp_path,
+        )
+
+
+def test_a_null_target_delta_is_chosen_by_the_rule_and_said_in_the_log(tmp_path, caplog):
+    with caplog.at_level("INFO", logger="dptrain.cli.build"):
+        job, _ = build_job(
+            compose_config("privacy=sigma", "dataset.max_samples=500", "train.batch_size=50"),
+            tmp_path,
+        )
+    assert job.privacy.target_delta == 1e-4
+    assert "1/(10 N)" in caplog.text and "N = 500" in caplog.text
+
+
+def test_a_configured_target_delta_is_used_as_given(tmp_path):
+    job, _ = build_job(compose_config("privacy=sigma", "privacy.target_delta=3e-6"), tmp_path)
+    assert job.privacy.target_delta == 3e-6

@@ -1,0 +1,79 @@
+"""`dptrain` end to end in subprocesses: the default run, every recipe on synthetic data, a sweep."""
+
+import re
+
+import pytest
+
+from dptrain_runner import QUIET, read_json, run_dptrain, run_in_process
+
+TINY = [
+    "dataset.synthetic=true",
+    "dataset.max_samples=64",
+    "train.max_steps=2",
+    "train.batch_size=16",
+    *QUIET,
+]
+SMOKE = [*TINY, "train.max_physical_batch_size=8"]
+
+
+def test_the_default_run_reaches_85_percent_and_prints_epsilon(tmp_path):
+    result = run_dptrain([], tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (result_file,) = tmp_path.glob("outputs/*/*/result.json")
+    record = read_json(result_file)
+    assert record["status"] == "completed"
+    assert record["test_accuracy"] > 0.85
+    assert 0 < record["epsilon"] <= 3.0 + 1e-6 and record["delta"] == 1e-5
+    printed = re.search(r"epsilon = ([0-9.]+) at delta = 1e-05", result.stdout)
+    assert printed and float(printed.group(1)) == pytest.approx(record["epsilon"], rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    "recipe", ["mnist_cnn", "cifar10_cnn", "imdb_embedding", "imdb_lstm", "digits_quick"]
+)
+def test_each_recipe_trains_two_steps_on_synthetic_data(tmp_path, recipe):
+    result = run_dptrain([f"+recipe={recipe}", "hydra.run.dir=run", *SMOKE], tmp_path)
+    assert result.returncode == 0, result.stderr
+    record = read_json(tmp_path / "run" / "result.json")
+    assert record["steps"] == 2 and record["epsilon"] > 0
+    assert (tmp_path / "run" / "metrics.jsonl").exists()
+    assert (tmp_path / "run" / "privacy_ledger.json").exists()
+
+
+def test_a_sweep_runs_one_job_per_value_and_writes_its_summary(tmp_path):
+    result = run_dptrain(
+        [
+            "-m",
+            "privacy=sigma",
+            "privacy.noise_multiplier=0.5,2.0",
+            "hydra.sweep.dir=sweep",
+            *SMOKE,
+        ],
+        tmp_path,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr
+    summary = read_json(tmp_path / "sweep" / "sweep_summary.json")
+    rows = summary["jobs"]
+    assert [[o for o in r["overrides"] if "noise_multiplier" in o] for r in rows] == [
+        ["privacy.noise_multiplier=0.5"],
+        ["privacy.noise_multiplier=2.0"],
+    ]
+    assert all(r["status"] == "completed" for r in rows)
+    assert rows[0]["epsilon"] > rows[1]["epsilon"] > 0
+    assert "Sweep summary" in result.stdout
+
+
+def test_a_sweep_job_with_bad_input_is_summarized_as_failed_and_the_exit_status_is_2(
+    tmp_path, monkeypatch, capsys
+):
+    code, _, err = run_in_process(
+        ["-m", "train.max_physical_batch_size=8,32", "hydra.sweep.dir=sweep", *TINY],
+        tmp_path,
+        monkeypatch,
+        capsys,
+    )
+    rows = read_json(tmp_path / "sweep" / "sweep_summary.json")["jobs"]
+    assert [r["status"] for r in rows] == ["completed", "failed"]
+    assert "train.max_physical_batch_size=32" in rows[1]["error"]
+    assert code == 2 and "1 sweep job(s) failed" in err

@@ -1,0 +1,64 @@
+"""The sweep summary reads every job folder of a sweep (overrides + result.json)."""
+
+import math
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from dptrain.cli.job import RunResult
+from dptrain.cli.results import write_result
+from dptrain.cli.sweep import SUMMARY_FILENAME, common_overrides, job_dirs, summarize, summary_table
+from dptrain_runner import read_json
+
+
+def make_job(sweep: Path, name: str, overrides: list[str], result: RunResult | None) -> Path:
+    folder = sweep / name
+    (folder / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(overrides), folder / ".hydra" / "overrides.yaml")
+    if result is not None:
+        write_result(folder, result, overrides)
+    return folder
+
+
+def done(folder_eps: float, acc: float) -> RunResult:
+    return RunResult("completed", 10, 1, folder_eps, 1e-5, acc, 0.3, Path("x"))
+
+
+def test_jobs_are_listed_in_numeric_order(tmp_path):
+    for n in (10, 2, 1):
+        make_job(tmp_path, str(n), [f"a={n}"], None)
+    assert [p.name for p in job_dirs(tmp_path)] == ["1", "2", "10"]
+
+
+def test_summary_has_each_jobs_overrides_epsilon_accuracy_and_status(tmp_path):
+    make_job(tmp_path, "0", ["privacy.noise_multiplier=0.5"], done(4.2, 0.8))
+    make_job(tmp_path, "1", ["privacy.noise_multiplier=1.0"], done(1.1, 0.7))
+    summary = summarize(tmp_path)
+    assert [row["overrides"] for row in summary["jobs"]] == [
+        ["privacy.noise_multiplier=0.5"],
+        ["privacy.noise_multiplier=1.0"],
+    ]
+    assert [row["epsilon"] for row in summary["jobs"]] == [4.2, 1.1]
+    assert [row["test_accuracy"] for row in summary["jobs"]] == [0.8, 0.7]
+    assert read_json(tmp_path / SUMMARY_FILENAME) == summary
+
+
+def test_a_job_without_result_is_reported_failed(tmp_path):
+    make_job(tmp_path, "0", ["x=1"], None)
+    (row,) = summarize(tmp_path)["jobs"]
+    assert row["status"] == "failed" and "result.json" in row["error"]
+
+
+def test_an_infinite_epsilon_survives_the_json_round_trip_and_the_table(tmp_path):
+    make_job(tmp_path, "0", ["privacy.noise_multiplier=0"], done(math.inf, 0.9))
+    summary = summarize(tmp_path)
+    table = summary_table(read_json(tmp_path / SUMMARY_FILENAME))
+    assert table.row_count == 1 and summary["jobs"][0]["status"] == "completed"
+
+
+def test_the_table_shows_only_the_overrides_that_vary():
+    rows = [
+        {"overrides": ["privacy=sigma", "privacy.noise_multiplier=0.5"]},
+        {"overrides": ["privacy=sigma", "privacy.noise_multiplier=2.0"]},
+    ]
+    assert common_overrides(rows) == ["privacy=sigma"]

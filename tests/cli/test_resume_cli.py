@@ -1,0 +1,44 @@
+"""Resume through the `dptrain` command: stop a run, `train.resume=auto`, same end as one run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from dptrain_runner import QUIET, run_in_process
+
+from dptrain.cli.checkpoint import load_checkpoint
+from dptrain.cli.ledger import load_ledger
+
+RUN = ["train.epochs=2", "hardware=cpu", *QUIET]   # digits: 12 logical steps per epoch
+
+
+def _dptrain(args: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch,
+             capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_in_process([*RUN, *args], cwd, monkeypatch, capsys)
+    assert code == 0, err
+
+
+def test_dptrain_resume_auto_ends_where_an_uninterrupted_run_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _dptrain(["hydra.run.dir=straight"], tmp_path, monkeypatch, capsys)
+    _dptrain(["hydra.run.dir=stopped", "train.max_steps=12"], tmp_path, monkeypatch, capsys)
+    assert load_ledger(tmp_path / "stopped")["steps_completed"] == 12
+    _dptrain(["hydra.run.dir=stopped", "train.resume=auto"], tmp_path, monkeypatch, capsys)
+    straight, resumed = load_ledger(tmp_path / "straight"), load_ledger(tmp_path / "stopped")
+    assert resumed["status"] == "completed" and resumed["history"] == straight["history"]
+    assert resumed["epsilon"] == straight["epsilon"]
+    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "stopped" / "checkpoints" / "last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_dptrain_refuses_to_resume_with_another_config(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _dptrain(["hydra.run.dir=run", "train.max_steps=3"], tmp_path, monkeypatch, capsys)
+    before = (tmp_path / "run" / "privacy_ledger.json").read_bytes()
+    code, _, err = run_in_process([*RUN, "hydra.run.dir=run", "train.resume=auto",
+                                   "optimizer.lr=0.5"], tmp_path, monkeypatch, capsys)
+    assert code != 0 and "optimizer.lr" in err
+    assert (tmp_path / "run" / "privacy_ledger.json").read_bytes() == before

@@ -1,0 +1,109 @@
+"""The training loop: metrics, evaluation, max_steps, checkpoints, bad settings (non-private)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_trainer_support import make_job, make_settings
+
+from dptrain.cli.ledger import NON_PRIVATE_NOTE, load_ledger
+from dptrain.cli.trainer import train
+from dptrain.errors import ConfigError
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_non_private_run_completes_and_reports_no_epsilon(tmp_path: Path) -> None:
+    result = train(make_job(private=False), make_settings(tmp_path))
+    assert (result.status, result.steps, result.epochs_completed) == ("completed", 12, 3)
+    assert result.epsilon is None and result.delta is None
+    assert 0.0 <= result.test_accuracy <= 1.0
+
+
+def test_non_private_ledger_says_there_is_no_privacy_guarantee(tmp_path: Path) -> None:
+    train(make_job(private=False), make_settings(tmp_path))
+    ledger = load_ledger(tmp_path)
+    assert ledger["note"] == NON_PRIVATE_NOTE and ledger["private"] is False
+    assert ledger["status"] == "completed" and ledger["steps_completed"] == 12
+
+
+def test_metrics_has_one_line_per_epoch_with_test_metrics_every_eval_every(tmp_path: Path) -> None:
+    train(make_job(private=False), make_settings(tmp_path, epochs=4, eval_every=2))
+    lines = _metrics(tmp_path)
+    assert [line["epoch"] for line in lines] == [1, 2, 3, 4]
+    assert ["test_accuracy" in line for line in lines] == [False, True, False, True]
+
+
+def test_eval_every_zero_evaluates_only_at_the_end(tmp_path: Path) -> None:
+    result = train(make_job(private=False), make_settings(tmp_path, epochs=2, eval_every=0))
+    lines = _metrics(tmp_path)
+    assert lines[-1].get("final") is True and result.test_loss == lines[-1]["test_loss"]
+    assert not any("test_loss" in line for line in lines[:-1])
+
+
+def test_max_steps_stops_mid_epoch(tmp_path: Path) -> None:
+    result = train(make_job(private=False), make_settings(tmp_path, max_steps=6))
+    assert (result.steps, result.epochs_completed) == (6, 1)
+
+
+def test_checkpoints_every_epoch_plus_last(tmp_path: Path) -> None:
+    train(make_job(private=False), make_settings(tmp_path, epochs=4, checkpoint_every=2))
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["epoch_2.pt", "epoch_4.pt", "last.pt"]
+
+
+def test_keep_best_writes_best_checkpoint(tmp_path: Path) -> None:
+    train(make_job(private=False), make_settings(tmp_path, keep_best=True))
+    assert (tmp_path / "checkpoints" / "best.pt").is_file()
+
+
+def test_unwritable_output_folder_is_a_config_error_before_training(tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError, match="train.run_dir"):
+        train(make_job(private=False), make_settings(blocker / "run"))
+
+
+def test_negative_epochs_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="train.epochs"):
+        train(make_job(private=False), make_settings(tmp_path, epochs=-1))
+
+
+def test_fresh_run_refuses_a_folder_holding_another_runs_ledger(tmp_path: Path) -> None:
+    train(make_job(private=False), make_settings(tmp_path, epochs=1))
+    before = (tmp_path / "privacy_ledger.json").read_bytes()
+    with pytest.raises(ConfigError, match="train.resume=auto"):
+        train(make_job(private=False), make_settings(tmp_path, epochs=1))
+    assert (tmp_path / "privacy_ledger.json").read_bytes() == before
+
+
+def test_failure_inside_the_loop_marks_the_ledger_failed(tmp_path: Path) -> None:
+    calls = {"n": 0}
+
+    def exploding_loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("boom")
+        return torch.nn.functional.cross_entropy(out, y)
+
+    with pytest.raises(RuntimeError, match="boom"):
+        train(make_job(private=False, loss_fn=exploding_loss), make_settings(tmp_path))
+    ledger = load_ledger(tmp_path)
+    assert ledger["status"] == "failed" and "boom" in ledger["error"]
+
+
+def test_bf16_precision_trains(tmp_path: Path) -> None:
+    job = make_job(private=False)
+    job.model.float()
+    job.precision = "bf16"
+    job.train_loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(job.train_loader.dataset.tensors[0].float(),
+                                       job.train_loader.dataset.tensors[1]), batch_size=12)
+    job.test_loader = None
+    result = train(job, make_settings(tmp_path, epochs=1))
+    assert result.status == "completed" and result.test_loss is None

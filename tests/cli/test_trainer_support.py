@@ -1,0 +1,95 @@
+"""Tiny jobs for the trainer, ledger, checkpoint, resume and crash tests (no tests here).
+
+Everything is float64, a few dozen samples and a 2-layer MLP, so a full run takes milliseconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from dptrain.cli.job import PrivacySettings, TrainingJob, TrainSettings
+
+N_TRAIN, N_TEST, FEATURES, CLASSES = 48, 16, 5, 3
+
+
+def tiny_data(seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
+    """Train/test sets: x [N, 5] float64, labels [N] in {0, 1, 2} from a fixed linear rule."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(N_TRAIN + N_TEST, FEATURES, generator=g, dtype=torch.float64)
+    w = torch.randn(FEATURES, CLASSES, generator=g, dtype=torch.float64)
+    y = (x @ w).argmax(dim=1)
+    return (TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), TensorDataset(x[N_TRAIN:], y[N_TRAIN:]))
+
+
+def tiny_model(dropout: float = 0.0) -> nn.Module:
+    return nn.Sequential(nn.Linear(FEATURES, 8), nn.Tanh(), nn.Dropout(dropout),
+                         nn.Linear(8, CLASSES)).double()
+
+
+def tiny_config(**overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {"model": {"name": "tiny_mlp"}, "dataset": {"name": "tiny"},
+                              "optimizer": {"name": "sgd", "lr": 0.1},
+                              "privacy": {"noise_multiplier": 1.0, "max_grad_norm": 1.0},
+                              "train": {"epochs": 3, "batch_size": 12, "seed": 0,
+                                        "resume": None, "max_steps": None}}
+    for dotted, value in overrides.items():
+        node = config
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return config
+
+
+def make_job(private: bool = True, seed: int = 0, noise_multiplier: float = 1.0,
+             target_epsilon: float | None = None, accountant: str = "rdp",
+             batch_size: int = 12, dropout: float = 0.0, config: dict | None = None,
+             loss_fn: Any = None, noise_schedule: dict | None = None,
+             engine_kwargs: dict | None = None, secure: bool = False) -> TrainingJob:
+    """A ready job; private ones go through dptrain.PrivacyEngine with seeded generators."""
+    torch.manual_seed(seed)
+    train_set, test_set = tiny_data()
+    model = tiny_model(dropout)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+    loader = DataLoader(train_set, batch_size=batch_size, shuffle=True,
+                        generator=torch.Generator().manual_seed(seed + 1))
+    test_loader = DataLoader(test_set, batch_size=8)
+    engine = None
+    q = batch_size / N_TRAIN
+    if private:
+        import dptrain
+
+        engine = dptrain.PrivacyEngine(accountant=accountant, secure_mode=secure, seed=seed + 3)
+        noise = None if secure else torch.Generator().manual_seed(seed + 2)
+        model, optimizer, loader = engine.make_private(
+            module=model, optimizer=optimizer, data_loader=loader,
+            noise_multiplier=noise_multiplier, max_grad_norm=1.0, poisson_sampling=True,
+            noise_generator=noise, **(engine_kwargs or {}))
+    privacy = PrivacySettings(enabled=private, accountant=accountant,
+                              noise_multiplier=noise_multiplier if private else None,
+                              max_grad_norm=1.0 if private else None,
+                              sample_rate=q if private else None, target_epsilon=target_epsilon,
+                              target_delta=1e-5 if private else None,
+                              noise_schedule=noise_schedule or {}, secure_mode=secure)
+    return TrainingJob(model=model, optimizer=optimizer, train_loader=loader,
+                       test_loader=test_loader, loss_fn=loss_fn or nn.CrossEntropyLoss(),
+                       device=torch.device("cpu"), engine=engine, privacy=privacy,
+                       dataset_name="tiny", dataset_size=N_TRAIN,
+                       config=config if config is not None else tiny_config())
+
+
+def make_settings(run_dir: Path, **overrides: Any) -> TrainSettings:
+    values: dict[str, Any] = {"run_dir": Path(run_dir), "epochs": 3, "batch_size": 12,
+                              "max_physical_batch_size": None, "seed": 0, "progress": False}
+    values.update(overrides)
+    return TrainSettings(**values)
+
+
+def final_weights(job: TrainingJob) -> dict[str, torch.Tensor]:
+    model = getattr(job.model, "_module", job.model)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -1,0 +1,104 @@
+"""Poisson sampling: batch-size distribution, reproducibility, empty batches, loader rebuild."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from dptrain.data.sampling import DPDataLoader, PoissonBatchSampler, dataset_size
+from dptrain.errors import ConfigError, PrivacyError
+
+
+def _sizes(sampler) -> torch.Tensor:
+    return torch.tensor([len(b) for b in sampler], dtype=torch.float64)
+
+
+def test_batch_sizes_have_the_binomial_mean_and_variance():
+    n, q, steps = 1000, 0.05, 4000
+    sizes = _sizes(PoissonBatchSampler(n, q, steps=steps, generator=torch.Generator().manual_seed(0)))
+    mean, var = n * q, n * q * (1 - q)
+    assert abs(sizes.mean().item() - mean) < 6 * math.sqrt(var / steps)
+    # var of the sample variance of near-normal data: 2 var^2 / (steps - 1)
+    assert abs(sizes.var().item() - var) < 6 * var * math.sqrt(2 / (steps - 1))
+
+
+def test_each_example_is_included_with_probability_q():
+    n, q, steps = 20, 0.3, 5000
+    counts = torch.zeros(n)
+    for batch in PoissonBatchSampler(n, q, steps=steps, generator=torch.Generator().manual_seed(1)):
+        counts[batch] += 1
+    tolerance = 6 * math.sqrt(q * (1 - q) / steps)
+    assert ((counts / steps - q).abs() < tolerance).all()
+
+
+def test_the_same_seed_gives_the_same_batches():
+    first = list(PoissonBatchSampler(50, 0.1, generator=torch.Generator().manual_seed(3)))
+    second = list(PoissonBatchSampler(50, 0.1, generator=torch.Generator().manual_seed(3)))
+    assert first == second
+
+
+def test_secure_sampling_differs_between_identical_samplers():
+    first = list(PoissonBatchSampler(200, 0.5, steps=3, secure=True))
+    second = list(PoissonBatchSampler(200, 0.5, steps=3, secure=True))
+    assert first != second
+
+
+def test_default_steps_per_epoch_is_one_over_q():
+    assert len(PoissonBatchSampler(100, 0.04)) == 25
+
+
+def test_sample_rate_outside_zero_one_is_a_privacy_error_naming_it():
+    with pytest.raises(PrivacyError, match="sample_rate"):
+        PoissonBatchSampler(10, 1.5)
+
+
+def test_the_sample_rate_schedule_is_read_at_each_batch_index():
+    sampler = PoissonBatchSampler(10, 1.0, steps=3, generator=torch.Generator().manual_seed(0),
+                                  sample_rate_schedule=lambda t: 1.0 if t % 2 == 0 else 1e-12)
+    assert [len(b) for b in sampler] == [10, 0, 10]
+
+
+def test_sampler_state_dict_resumes_the_exact_sequence():
+    sampler = PoissonBatchSampler(40, 0.2, steps=2, generator=torch.Generator().manual_seed(5))
+    list(sampler)
+    state = sampler.state_dict()
+    expected = list(sampler)
+    fresh = PoissonBatchSampler(40, 0.2, steps=2, generator=torch.Generator().manual_seed(99))
+    fresh.load_state_dict(state)
+    assert list(fresh) == expected and fresh.batches_drawn == 4
+
+
+def test_empty_batches_are_zero_row_tensors_with_the_right_trailing_shape():
+    dataset = TensorDataset(torch.randn(5, 3, 2), torch.arange(5))
+    loader = DPDataLoader(dataset, sample_rate=1e-9, steps=2,
+                          generator=torch.Generator().manual_seed(0))
+    for x, y in loader:
+        assert x.shape == (0, 3, 2) and x.dtype == torch.float32
+        assert y.shape == (0,) and y.dtype == torch.int64
+
+
+def test_from_data_loader_keeps_the_dataset_collate_and_uses_batch_size_over_n():
+    dataset = TensorDataset(torch.randn(40, 2), torch.arange(40))
+    loader = DataLoader(dataset, batch_size=8, collate_fn=lambda s: ("custom", len(s)))
+    private = DPDataLoader.from_data_loader(loader, generator=torch.Generator().manual_seed(0))
+    assert private.sample_rate == pytest.approx(0.2)
+    assert len(private) == 5
+    assert all(batch[0] == "custom" for batch in private if batch[1] > 0)
+
+
+def test_a_dataset_without_length_is_a_config_error_naming_data_loader():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield torch.zeros(1)
+
+    with pytest.raises(ConfigError, match="data_loader"):
+        dataset_size(DataLoader(Stream(), batch_size=1))
+
+
+def test_secure_batch_sizes_have_the_binomial_mean():
+    n, q, steps = 500, 0.1, 400
+    sizes = _sizes(PoissonBatchSampler(n, q, steps=steps, secure=True))
+    assert abs(sizes.mean().item() - n * q) < 6 * math.sqrt(n * q * (1 - q) / steps)

@@ -1,0 +1,50 @@
+"""The `dptrain hardware=ddp` command itself: re-launch through torchrun, and its errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ENTRY = "from dptrain.cli.main import main; main()"
+COMMON = ["privacy=sigma", "privacy.noise_multiplier=1.0", "train.epochs=1", "train.max_steps=2",
+          "train.progress=false"]
+
+
+def _dptrain(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, "-c", ENTRY, *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_several_nodes_without_torchrun_stop_with_the_multi_node_recipe(tmp_path: Path, monkeypatch, capsys):
+    from dptrain.cli.main import main
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["dptrain", "hardware=ddp", "hardware.nodes=2", *COMMON,
+                                      f"hydra.run.dir={tmp_path / 'run'}"])
+    with pytest.raises(SystemExit) as stop:
+        main()
+    assert stop.value.code == 2
+    assert "hardware.nodes=2" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_dptrain_relaunches_itself_under_torchrun_and_matches_the_single_process_ledger(tmp_path: Path):
+    ddp = _dptrain(["hardware=ddp", "hardware.nproc_per_node=2", *COMMON,
+                    f"hydra.run.dir={tmp_path / 'ddp'}"], tmp_path, timeout=300)
+    assert ddp.returncode == 0, ddp.stderr
+    single = _dptrain(["hardware=cpu", *COMMON, f"hydra.run.dir={tmp_path / 'cpu'}"], tmp_path,
+                      timeout=300)
+    assert single.returncode == 0, single.stderr
+    ledgers = [json.loads((tmp_path / d / "privacy_ledger.json").read_text()) for d in ("ddp", "cpu")]
+    assert ledgers[0]["history"] == ledgers[1]["history"]
+    assert ledgers[0]["epsilon"] == ledgers[1]["epsilon"]
+    assert json.loads((tmp_path / "ddp" / "result.json").read_text())["status"] == "completed"

@@ -1,0 +1,69 @@
+"""DistributedPoissonBatchSampler: rank-strided shards whose union is one Poisson batch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from dptrain.data.sampling import PoissonBatchSampler
+from dptrain.distributed.sampling import DistributedDPDataLoader, DistributedPoissonBatchSampler
+from dptrain.errors import ConfigError
+
+
+def _rank_samplers(n: int, q: float, world: int, seed: int, steps: int = 30, secure: bool = False):
+    return [DistributedPoissonBatchSampler(n, q, rank=r, world_size=world, steps=steps,
+                                           generator=torch.Generator().manual_seed(seed),
+                                           secure=secure) for r in range(world)]
+
+
+def test_union_over_ranks_is_the_single_process_poisson_batch_with_the_same_seed():
+    single = list(PoissonBatchSampler(23, 0.3, steps=30, generator=torch.Generator().manual_seed(5)))
+    per_rank = [list(s) for s in _rank_samplers(23, 0.3, world=3, seed=5)]
+    unions = [sorted(i for rank in per_rank for i in rank[step]) for step in range(30)]
+    assert unions == single
+
+
+def test_each_rank_draws_only_its_rank_strided_shard():
+    world = 3
+    for rank, sampler in enumerate(_rank_samplers(23, 0.5, world=world, seed=1)):
+        assert all(i % world == rank for batch in sampler for i in batch)
+
+
+def test_secure_mode_ranks_stay_in_their_shards_and_include_each_example_with_rate_q():
+    n, q, world, steps = 10, 0.3, 2, 3000
+    counts = torch.zeros(n)
+    for rank, sampler in enumerate(_rank_samplers(n, q, world, seed=0, steps=steps, secure=True)):
+        for batch in sampler:
+            assert all(i % world == rank for i in batch)
+            counts[batch] += 1
+    assert ((counts / steps - q).abs() < 6 * math.sqrt(q * (1 - q) / steps)).all()
+
+
+def test_every_rank_runs_the_same_number_of_logical_steps():
+    assert {len(s) for s in _rank_samplers(23, 0.1, world=4, seed=0, steps=17)} == {17}
+
+
+def test_world_size_need_not_divide_the_dataset_size():
+    shards = [s.shard.tolist() for s in _rank_samplers(7, 0.5, world=3, seed=0)]
+    assert sorted(i for shard in shards for i in shard) == list(range(7))
+
+
+def test_more_ranks_than_examples_is_a_config_error_naming_the_hardware_keys():
+    with pytest.raises(ConfigError, match="hardware.nproc_per_node"):
+        DistributedPoissonBatchSampler(3, 0.5, rank=0, world_size=4)
+
+
+@pytest.mark.parametrize("rank", [-1, 2])
+def test_a_rank_outside_the_world_is_a_config_error(rank):
+    with pytest.raises(ConfigError, match="rank"):
+        DistributedPoissonBatchSampler(10, 0.5, rank=rank, world_size=2)
+
+
+def test_the_loader_reads_the_plain_batch_size_as_the_global_expected_batch():
+    data = TensorDataset(torch.arange(40.0).view(40, 1))
+    loader = DistributedDPDataLoader.from_data_loader(DataLoader(data, batch_size=8))
+    assert loader.sample_rate == pytest.approx(8 / 40)
+    assert isinstance(loader.batch_sampler, DistributedPoissonBatchSampler)

@@ -1,0 +1,58 @@
+"""Conv1d/2d/3d sampler: exact for stride, padding (incl. "same"), dilation, groups, padding modes."""
+
+import pytest
+import torch
+from torch import nn
+
+from tests.grad_sample.conftest import assert_per_sample_exact
+
+F64 = torch.float64
+
+CONFIGS = {
+    "conv1d_plain": (nn.Conv1d, dict(in_channels=2, out_channels=3, kernel_size=3), (3, 2, 9)),
+    "conv1d_same_reflect_dilated": (
+        nn.Conv1d,
+        dict(in_channels=2, out_channels=4, kernel_size=3, padding="same", dilation=2, padding_mode="reflect"),
+        (3, 2, 10),
+    ),
+    "conv2d_stride_padding": (nn.Conv2d, dict(in_channels=2, out_channels=3, kernel_size=3, stride=2, padding=1), (3, 2, 7, 6)),
+    "conv2d_groups_dilation": (
+        nn.Conv2d,
+        dict(in_channels=4, out_channels=6, kernel_size=(2, 3), dilation=(2, 1), groups=2),
+        (3, 4, 7, 6),
+    ),
+    "conv2d_depthwise_circular": (
+        nn.Conv2d,
+        dict(in_channels=3, out_channels=3, kernel_size=3, padding=1, groups=3, padding_mode="circular"),
+        (3, 3, 5, 5),
+    ),
+    "conv2d_replicate_no_bias": (
+        nn.Conv2d,
+        dict(in_channels=2, out_channels=3, kernel_size=3, padding=(1, 2), padding_mode="replicate", bias=False),
+        (3, 2, 5, 5),
+    ),
+    "conv2d_same_even_kernel": (nn.Conv2d, dict(in_channels=2, out_channels=2, kernel_size=4, padding="same"), (2, 2, 6, 6)),
+    "conv3d_stride_groups": (
+        nn.Conv3d,
+        dict(in_channels=2, out_channels=4, kernel_size=(2, 3, 2), stride=(1, 2, 1), padding=1, groups=2),
+        (2, 2, 4, 5, 4),
+    ),
+    "conv3d_valid": (nn.Conv3d, dict(in_channels=1, out_channels=2, kernel_size=2, padding="valid"), (2, 1, 3, 3, 3)),
+}
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
+@pytest.mark.parametrize("name", CONFIGS)
+def test_conv_per_sample_gradients_match_recomputation(name, random_targets) -> None:
+    cls, kwargs, shape = CONFIGS[name]
+    layer = cls(**kwargs, dtype=F64)
+    x = torch.randn(shape, dtype=F64)
+    assert_per_sample_exact(layer, x, random_targets(layer, x))
+
+
+def test_conv_inside_a_cnn_with_mean_reduced_cross_entropy() -> None:
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 3 * 3, 3)
+    ).double()
+    x, y = torch.randn(4, 1, 6, 6, dtype=F64), torch.tensor([0, 2, 1, 2])
+    assert_per_sample_exact(model, x, y, nn.CrossEntropyLoss())

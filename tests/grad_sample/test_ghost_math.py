@@ -1,0 +1,81 @@
+"""The outer-product algebra of ghost clipping against explicit per-sample gradients."""
+
+import pytest
+import torch
+from torch import nn
+
+from dptrain.grad_sample.check import microbatch_grad_samples
+from dptrain.grad_sample.ghost_math import (
+    bias_grads,
+    ghost_sq_norms,
+    instantiated_sq_norms,
+    prefer_ghost,
+    weighted_bias_sum,
+    weighted_outer_sum,
+)
+from dptrain.grad_sample.ghost_linear import linear_clipped_sum, linear_norms
+from tests.grad_sample.test_ghost_support import F64, TOL, sum_loss
+
+
+def _explicit(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Per-sample weight gradients G_i^T A_i by einsum, [B, p, d]."""
+    return torch.einsum("btp,btd->bpd", g, a)
+
+
+@pytest.mark.parametrize("positions", [1, 5])
+def test_ghost_norms_equal_norms_of_explicit_per_sample_gradients(positions) -> None:
+    a, g = torch.randn(4, positions, 3, dtype=F64), torch.randn(4, positions, 6, dtype=F64)
+    expected = _explicit(a, g).square().sum(dim=(1, 2))
+    torch.testing.assert_close(ghost_sq_norms(a, g), expected, rtol=TOL, atol=TOL)
+
+
+def test_instantiated_norms_equal_norms_of_explicit_per_sample_gradients() -> None:
+    a, g = torch.randn(4, 5, 3, dtype=F64), torch.randn(4, 5, 6, dtype=F64)
+    expected = _explicit(a, g).square().sum(dim=(1, 2))
+    torch.testing.assert_close(instantiated_sq_norms(a, g), expected, rtol=TOL, atol=TOL)
+
+
+def test_weighted_outer_sum_equals_weighted_sum_of_explicit_gradients() -> None:
+    a, g, w = torch.randn(4, 5, 3, dtype=F64), torch.randn(4, 5, 6, dtype=F64), torch.rand(4, dtype=F64)
+    expected = torch.einsum("b,bpd->pd", w, _explicit(a, g))
+    torch.testing.assert_close(weighted_outer_sum(a, g, w), expected, rtol=TOL, atol=TOL)
+
+
+def test_weighted_bias_sum_equals_weighted_sum_of_bias_gradients() -> None:
+    g, w = torch.randn(4, 5, 6, dtype=F64), torch.rand(4, dtype=F64)
+    expected = (w[:, None] * bias_grads(g)).sum(dim=0)
+    torch.testing.assert_close(weighted_bias_sum(g, w), expected, rtol=TOL, atol=TOL)
+
+
+def test_bf16_inputs_give_float32_norms() -> None:
+    a, g = torch.randn(2, 3, 4).bfloat16(), torch.randn(2, 3, 5).bfloat16()
+    assert ghost_sq_norms(a, g).dtype == torch.float32
+
+
+def test_cost_model_prefers_ghost_for_few_positions_and_wide_layers() -> None:
+    assert prefer_ghost(positions=16, in_features=512, out_features=512)
+
+
+def test_cost_model_prefers_instantiation_for_many_positions_and_narrow_layers() -> None:
+    assert not prefer_ghost(positions=1024, in_features=27, out_features=32)
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (5, 4, 3), (5, 2, 4, 3)], ids=["vectors", "sequence", "two_middle_dims"])
+def test_linear_norm_sampler_matches_microbatch_recomputation(shape) -> None:
+    layer = nn.Linear(3, 2).double()
+    x = torch.randn(shape, dtype=F64)
+    target = torch.randn(*shape[:-1], 2, dtype=F64)
+    truth = microbatch_grad_samples(layer, x, target, sum_loss)
+    norms = linear_norms(layer, [x], target)  # d(sum_loss)/d(output) = target
+    for name, p in layer.named_parameters():
+        expected = truth[name].reshape(shape[0], -1).square().sum(dim=1)
+        torch.testing.assert_close(norms[p], expected, rtol=TOL, atol=TOL)
+
+
+def test_linear_clipped_sum_matches_microbatch_recomputation() -> None:
+    layer = nn.Linear(3, 2).double()
+    x, target, w = torch.randn(5, 4, 3, dtype=F64), torch.randn(5, 4, 2, dtype=F64), torch.rand(5, dtype=F64)
+    truth = microbatch_grad_samples(layer, x, target, sum_loss)
+    sums = linear_clipped_sum(layer, [x], target, {p: w for p in layer.parameters()})
+    for name, p in layer.named_parameters():
+        torch.testing.assert_close(sums[p], torch.tensordot(w, truth[name], dims=1), rtol=TOL, atol=TOL)

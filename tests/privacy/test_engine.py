@@ -1,0 +1,270 @@
+"""PrivacyEngine / make_private end to end with the real GradSampleModule and accountants."""
+
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+
+import pytest
+import torch
+from privacy_helpers import clipped_sum, per_sample_grads, tiny_data, tiny_model
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import dptrain
+from dptrain.data.sampling import DPDataLoader
+from dptrain.errors import ConfigError, PrivacyError
+from dptrain.privacy import DPOptimizer
+
+N = 64
+
+
+def _loader(batch_size: int = 8, n: int = N) -> DataLoader:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 3, generator=gen, dtype=torch.float64)
+    return DataLoader(TensorDataset(x, torch.randint(0, 2, (n,), generator=gen)),
+                      batch_size=batch_size)
+
+
+def _private(engine=None, model=None, **kwargs):
+    model = model or tiny_model()
+    engine = engine or dptrain.PrivacyEngine(accountant="rdp", seed=0)
+    args = {"module": model, "optimizer": torch.optim.SGD(model.parameters(), lr=0.5),
+                "data_loader": _loader(), "noise_multiplier": 1.0, "max_grad_norm": 1.0}
+    args.update(kwargs)
+    return engine, *engine.make_private(**args)
+
+
+def _train_epoch(model, optimizer, loader) -> None:
+    """A user's ordinary loop."""
+    for x, y in loader:
+        optimizer.zero_grad()
+        if len(x):
+            nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+
+def test_make_private_returns_the_wrapped_model_dp_optimizer_and_poisson_loader():
+    _, model, optimizer, loader = _private()
+    assert isinstance(model, dptrain.GradSampleModule)
+    assert isinstance(optimizer, DPOptimizer) and isinstance(loader, DPDataLoader)
+
+
+def test_expected_batch_size_is_the_public_sample_rate_times_n():
+    _, _, optimizer, loader = _private(data_loader=_loader(batch_size=16))
+    assert optimizer.sample_rate == loader.sample_rate == pytest.approx(16 / N)
+    assert optimizer.expected_batch_size == pytest.approx(16.0)
+
+
+def test_an_unchanged_training_loop_steps_the_accountant_once_per_batch():
+    engine, model, optimizer, loader = _private()
+    _train_epoch(model, optimizer, loader)
+    assert len(engine.accountant) == len(loader) == N // 8
+    assert engine.accountant.history[0][:2] == (1.0, pytest.approx(8 / N))
+
+
+def test_epsilon_after_training_matches_google_dp_accounting():
+    dp_accounting = pytest.importorskip("dp_accounting")
+    engine, model, optimizer, loader = _private()
+    _train_epoch(model, optimizer, loader)
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(8 / N, dp_accounting.GaussianDpEvent(1.0)), len(loader))
+    reference = dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(1e-5)
+    assert engine.get_epsilon(1e-5) == pytest.approx(reference, rel=0.02)
+
+
+@pytest.mark.filterwarnings("ignore:.*noise_multiplier=0.*:UserWarning")
+def test_with_sigma_zero_one_step_applies_the_mean_of_clipped_per_sample_gradients():
+    model = tiny_model()
+    reference = tiny_model()
+    _, private, optimizer, _ = _private(model=model, noise_multiplier=0.0, max_grad_norm=0.3)
+    x, y = tiny_data(8)
+    loss = nn.CrossEntropyLoss(reduction="sum")
+    expected_sum = clipped_sum(per_sample_grads(reference, loss, x, y), 0.3)
+    optimizer.zero_grad()
+    nn.functional.cross_entropy(private(x), y).backward()
+    optimizer.step()
+    for p_ref, p in zip(reference.parameters(), model.parameters()):
+        expected = p_ref - 0.5 * expected_sum[p_ref] / 8.0
+        torch.testing.assert_close(p, expected, rtol=1e-5, atol=1e-9)
+
+
+def test_an_empty_poisson_batch_still_steps_and_is_accounted():
+    engine, model, optimizer, loader = _private(data_loader=_loader(batch_size=1, n=N))
+    loader.poisson_sampler.sample_rate_schedule = lambda step: 1e-12  # force empty batches
+    before = [p.detach().clone() for p in model.parameters()]
+    x, _y = next(iter(loader))
+    assert x.shape == (0, 3)
+    optimizer.step()
+    assert len(engine.accountant) == 1
+    assert not all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
+
+
+def test_seeded_engines_repeat_a_training_run_exactly():
+    finals = []
+    for _ in range(2):
+        _, model, optimizer, loader = _private(engine=dptrain.PrivacyEngine("rdp", seed=11))
+        _train_epoch(model, optimizer, loader)
+        finals.append([p.detach().clone() for p in model.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*finals))
+
+
+def test_secure_mode_runs_differ():
+    finals = []
+    for _ in range(2):
+        engine = dptrain.PrivacyEngine("rdp", secure_mode=True)
+        _, model, optimizer, loader = _private(engine=engine)
+        _train_epoch(model, optimizer, loader)
+        finals.append([p.detach().clone() for p in model.parameters()])
+    assert not any(torch.equal(a, b) for a, b in zip(*finals))
+
+
+def test_noise_and_sample_rate_schedules_reach_the_accountant():
+    engine, model, optimizer, loader = _private(
+        noise_schedule={"kind": "step", "step_size": 4, "gamma": 0.5},
+        sample_rate_schedule=lambda step: 8 / N if step < 2 else 4 / N)
+    _train_epoch(model, optimizer, loader)
+    sigmas_and_rates = [(s, q) for s, q, k in engine.accountant.history for _ in range(k)]
+    assert sigmas_and_rates == [(1.0, 8 / N)] * 2 + [(1.0, 4 / N)] * 2 + [(0.5, 4 / N)] * 4
+
+
+def test_adaptive_clipping_accounts_the_configured_sigma_and_moves_the_bound():
+    engine, model, optimizer, loader = _private(clipping="adaptive", max_grad_norm=100.0,
+                                                count_noise_std=2.0)
+    _train_epoch(model, optimizer, loader)
+    assert {s for s, _, _ in engine.accountant.history} == {1.0}
+    assert optimizer.max_grad_norm < 100.0
+
+
+def test_per_layer_clipping_with_a_list_of_bounds_trains():
+    engine, model, optimizer, loader = _private(clipping="per_layer",
+                                                max_grad_norm=[0.5, 0.5, 0.5, 0.5])
+    _train_epoch(model, optimizer, loader)
+    assert optimizer.max_grad_norm == pytest.approx(1.0) and len(engine.accountant) == 8
+
+
+def test_ghost_mode_wraps_the_model_in_the_ghost_clipping_module():
+    ghost = pytest.importorskip("dptrain.grad_sample.ghost")
+    engine, model, optimizer, loader = _private(grad_sample_mode="ghost")
+    _train_epoch(model, optimizer, loader)
+    assert isinstance(model, ghost.GhostClippingModule) and len(engine.accountant) == 8
+
+
+def test_state_dict_resume_repeats_the_next_batches_and_noise_exactly():
+    engine, model, optimizer, loader = _private(engine=dptrain.PrivacyEngine("rdp", seed=4))
+    _train_epoch(model, optimizer, loader)
+    state = engine.state_dict()
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    _train_epoch(model, optimizer, loader)
+    expected = [p.detach().clone() for p in model.parameters()]
+    engine2, model2, optimizer2, loader2 = _private(engine=dptrain.PrivacyEngine("rdp", seed=99))
+    model2.load_state_dict(weights)
+    engine2.load_state_dict(state)
+    _train_epoch(model2, optimizer2, loader2)
+    assert len(engine2.accountant) == 16
+    assert all(torch.equal(a, b) for a, b in zip(expected, model2.parameters()))
+
+
+@pytest.mark.filterwarnings("ignore:gdp accountant.*approximation:UserWarning")
+def test_make_private_with_epsilon_calibrates_sigma_to_the_target():
+    engine = dptrain.PrivacyEngine(accountant="gdp", seed=0)
+    model = tiny_model()
+    _, optimizer, loader = engine.make_private_with_epsilon(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=_loader(), max_grad_norm=1.0, target_epsilon=3.0, target_delta=1e-3, epochs=2)
+    engine.accountant.step(noise_multiplier=optimizer.noise_multiplier,
+                           sample_rate=optimizer.sample_rate, steps=2 * len(loader))
+    assert 3.0 - 0.05 <= engine.get_epsilon(1e-3) <= 3.0
+
+
+def test_unreachable_target_epsilon_is_a_privacy_error_naming_it():
+    engine = dptrain.PrivacyEngine(accountant="rdp", seed=0)
+    model = tiny_model()
+    with pytest.raises(PrivacyError, match="target_epsilon"):
+        engine.make_private_with_epsilon(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=_loader(batch_size=N), max_grad_norm=1.0, target_epsilon=1e-9,
+            target_delta=1e-5, epochs=1000)
+
+
+@pytest.mark.parametrize("kwargs, error, name", [
+    ({"noise_multiplier": -1.0}, PrivacyError, "noise_multiplier"),
+    ({"max_grad_norm": 0.0}, PrivacyError, "max_grad_norm"),
+    ({"data_loader": _loader(batch_size=N + 1)}, PrivacyError, "data_loader"),
+    ({"clipping": "huber"}, ConfigError, "clipping"),
+    ({"grad_sample_mode": "magic"}, ConfigError, "grad_sample_mode"),
+    ({"poisson_sampling": False}, ConfigError, "allow_non_poisson"),
+    ({"noise_generator": torch.Generator()}, ConfigError, "noise_generator"),
+    ({"clipping": "adaptive", "count_noise_std": 0.1}, PrivacyError, "count_noise_std"),
+])
+def test_bad_arguments_raise_an_error_naming_them(kwargs, error, name):
+    engine = dptrain.PrivacyEngine(accountant="rdp", secure_mode="noise_generator" in kwargs)
+    with pytest.raises(error, match=name):
+        _private(engine=engine, **kwargs)
+
+
+def test_an_optimizer_over_other_parameters_is_a_config_error_naming_optimizer():
+    other = tiny_model()
+    with pytest.raises(ConfigError, match="optimizer"):
+        _private(optimizer=torch.optim.SGD(other.parameters(), lr=0.1))
+
+
+def test_a_loader_without_length_is_a_config_error_naming_data_loader():
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            yield torch.zeros(3)
+
+    with pytest.raises(ConfigError, match="data_loader"):
+        _private(data_loader=DataLoader(Stream(), batch_size=1))
+
+
+def test_delta_not_below_one_over_n_warns_naming_delta():
+    engine, *_ = _private()
+    with pytest.warns(UserWarning, match="delta"):
+        engine.get_epsilon(1.0 / N)
+
+
+def test_non_poisson_loaders_need_the_flag_and_then_get_epsilon_warns():
+    engine, model, optimizer, loader = _private(poisson_sampling=False, allow_non_poisson=True)
+    _train_epoch(model, optimizer, loader)
+    with pytest.warns(UserWarning, match="Poisson"):
+        epsilon = engine.get_epsilon(1e-5)
+    assert math.isfinite(epsilon)
+
+
+def test_top_level_make_private_returns_the_engine_too():
+    model = tiny_model()
+    result = dptrain.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                                  data_loader=_loader(), noise_multiplier=1.0, max_grad_norm=1.0,
+                                  accountant="rdp", seed=0)
+    _train_epoch(result.module, result.optimizer, result.data_loader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert result.engine.get_epsilon(1e-5) > 0
+
+
+def test_frozen_parameters_held_by_the_optimizer_get_no_noise_and_stay_fixed():
+    model = tiny_model()
+    frozen = model[0].weight
+    frozen.requires_grad_(False)
+    before = frozen.detach().clone()
+    _engine, private, optimizer, loader = _private(model=model)
+    _train_epoch(private, optimizer, loader)
+    assert torch.equal(frozen, before) and frozen.grad is None
+
+
+def test_ghost_mode_missing_from_the_installation_is_a_config_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "dptrain.grad_sample.ghost", None)
+    with pytest.raises(ConfigError, match="grad_sample_mode='ghost'"):
+        _private(grad_sample_mode="ghost")
+
+
+def test_make_private_with_epsilon_refuses_a_noise_schedule():
+    engine = dptrain.PrivacyEngine(accountant="gdp", seed=0)
+    model = tiny_model()
+    with pytest.raises(ConfigError, match="noise_schedule"):
+        engine.make_private_with_epsilon(
+            module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=_loader(), max_grad_norm=1.0, target_epsilon=3.0, target_delta=1e-3,
+            epochs=1, noise_schedule={"kind": "exponential", "gamma": 0.9})

@@ -1,0 +1,123 @@
+"""Smoke test of scripts/benchmark_e2e.py on a tiny configuration (no timing assertions)."""
+
+import importlib.util
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+SCRIPT = SCRIPTS / "benchmark_e2e.py"
+BATCH_SIZES = [4, 8]
+
+sys.path.insert(0, str(SCRIPTS))
+import _bench_data  # noqa: E402
+import _bench_report  # noqa: E402
+
+
+def load_benchmark():
+    """Import the script as a module (it puts scripts/ on sys.path for its helpers)."""
+    spec = importlib.util.spec_from_file_location("benchmark_e2e", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["benchmark_e2e"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_benchmark()
+
+
+@pytest.fixture(scope="module")
+def smoke_run(bench, tmp_path_factory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("bench")
+    bench.main(["--models", "mnist_cnn", "--batch-sizes", *map(str, BATCH_SIZES), "--epochs", "2",
+                "--steps-per-epoch", "2", "--threads", "1", "--out", str(out)])
+    return json.loads((out / "e2e.json").read_text()), out
+
+
+def test_json_has_a_record_for_every_model_batch_size_and_method(bench, smoke_run) -> None:
+    document, _ = smoke_run
+    keys = {(r["model"], r["batch_size"], r["method"]) for r in document["results"]}
+    assert keys == {("mnist_cnn", b, m) for b in BATCH_SIZES for m in bench.METHODS}
+
+
+def test_every_available_method_runs_and_only_unavailable_ones_are_skipped(bench, smoke_run) -> None:
+    document, _ = smoke_run
+    for record in document["results"]:
+        expected = "skipped" if bench.unavailable_reason(record["method"]) else "ok"
+        assert record["status"] == expected, record
+
+
+def test_successful_records_have_times_throughput_and_memory(smoke_run) -> None:
+    document, _ = smoke_run
+    for record in (r for r in document["results"] if r["status"] == "ok"):
+        assert len(record["epoch_times_s"]) == 2
+        assert record["median_epoch_s"] > 0 and record["samples_per_s"] > 0
+        assert record["peak_memory_mb"] is not None
+        assert record["full_epoch_estimate_s"] > record["median_epoch_s"]  # 60,000 samples
+
+
+def test_json_records_the_environment(smoke_run) -> None:
+    environment = smoke_run[0]["environment"]
+    assert environment["device"] == "cpu" and environment["threads"] == 1
+    assert environment["torch"]
+
+
+def test_figures_and_markdown_table_are_written(smoke_run) -> None:
+    _, out = smoke_run
+    pytest.importorskip("matplotlib")
+    assert (out / "e2e_runtime.png").stat().st_size > 0
+    assert (out / "e2e_cumulative.png").stat().st_size > 0
+    assert "mnist_cnn" in (out / "e2e.md").read_text()
+
+
+def run_plain(bench, out: Path, *extra: str) -> list[dict]:
+    bench.main(["--models", "mnist_cnn", "--batch-sizes", *map(str, BATCH_SIZES), "--methods",
+                "plain", "--epochs", "1", "--steps-per-epoch", "1", "--threads", "1",
+                "--out", str(out), *extra])
+    return json.loads((out / "e2e.json").read_text())["results"]
+
+
+def test_memory_limit_marks_configurations_oom_instead_of_crashing(bench, tmp_path) -> None:
+    records = run_plain(bench, tmp_path, "--memory-limit-mb", "1")
+    assert [r["status"] for r in records] == ["oom", "oom"]
+    assert "smaller batch size" in records[1]["error"]
+
+
+def test_time_limit_marks_configurations_timeout(bench, tmp_path) -> None:
+    # 2,000 steps take seconds; the limit is a fraction of a second.
+    records = run_plain(bench, tmp_path, "--steps-per-epoch", "2000", "--timeout-s", "0.3")
+    assert [r["status"] for r in records] == ["timeout", "timeout"]
+
+
+def record(method: str, median: float | None, status: str = "ok") -> dict:
+    work = _bench_data.workload("mnist_cnn", 600, steps_per_epoch=10)  # a real epoch: 100 steps
+    times = [] if median is None else [median * 2, median, median]
+    return asdict(_bench_report.make_record(work, method, 3, status, times, peak_memory_mb=1.0))
+
+
+def test_record_extrapolates_the_median_to_a_full_epoch_and_counts_throughput() -> None:
+    r = record("plain", 2.0)
+    assert r["median_epoch_s"] == 2.0 and r["first_epoch_s"] == 4.0
+    assert r["full_epoch_estimate_s"] == pytest.approx(20.0)  # 100 real steps / 10 timed
+    assert r["samples_per_s"] == pytest.approx(600 * 10 / 2.0)
+
+
+def test_ratio_divides_median_times_at_the_same_model_and_batch_size() -> None:
+    records = [record("plain", 2.0), record("opacus_hooks", 8.0), record("dptrain_hooks", 4.0)]
+    assert _bench_report.ratio(records, records[2], "plain") == pytest.approx(2.0)
+    assert _bench_report.ratio(records, records[2], "opacus_hooks") == pytest.approx(0.5)
+
+
+def test_ratio_is_absent_when_the_reference_did_not_finish() -> None:
+    records = [record("plain", None, status="oom"), record("dptrain_hooks", 4.0)]
+    assert _bench_report.ratio(records, records[1], "plain") is None
+
+
+def test_summary_names_the_fastest_private_method() -> None:
+    records = [record("plain", 1.0), record("opacus_hooks", 8.0), record("dptrain_ghost", 3.0)]
+    assert _bench_report.summary_rows(records)[0][-1] == "dptrain_ghost"
