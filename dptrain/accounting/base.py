@@ -14,9 +14,12 @@ here once.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from abc import ABC, abstractmethod
 from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
 
 from dptrain.errors import PrivacyError
 
@@ -62,7 +65,8 @@ def check_sample_rate(sample_rate: float, name: str = "sample_rate") -> float:
 
 def check_steps(steps: int, name: str = "steps") -> int:
     """Return steps as an int; raise PrivacyError unless it is an integer >= 0."""
-    if isinstance(steps, bool) or not isinstance(steps, (int, float)) or steps != int(steps):
+    if (isinstance(steps, bool) or not isinstance(steps, numbers.Real) or not math.isfinite(steps)
+            or steps != int(steps)):
         raise PrivacyError(f"{name}={steps!r} is not an integer: pass the number of steps, e.g. 1.")
     if steps < 0:
         raise PrivacyError(f"{name}={steps!r} is negative: the number of steps must be >= 0.")
@@ -130,23 +134,63 @@ def normalize_history(history: Iterable[Sequence[Any] | Mapping[str, Any]]) -> H
     return merge_runs(runs)
 
 
+def _log_with_zero_apart(values: np.ndarray) -> np.ndarray:
+    """log(values) [R], with log(0) replaced by a value 50 below every other one, so that zeros
+    (sigma == 0 or q == 0 runs) never share a grid cell with non-zero values."""
+    positive = values > 0
+    logs = np.log(np.where(positive, values, 1.0))
+    floor = (logs[positive].min() if positive.any() else 0.0) - 50.0
+    return np.where(positive, logs, floor)
+
+
+def _grid_cells(log_sigma: np.ndarray, log_q: np.ndarray, ratio: float) -> tuple[int, np.ndarray]:
+    """Number of occupied cells and the cell index [R] of each run on a geometric grid of
+    `ratio` (cells [r^k, r^(k+1)) in both sigma and q)."""
+    width = math.log1p(ratio)
+    sigma_cell = np.floor(log_sigma / width).astype(np.int64)
+    q_cell = np.floor(log_q / width).astype(np.int64)
+    q_span = int(q_cell.max() - q_cell.min()) + 1
+    key = (sigma_cell - sigma_cell.min()) * q_span + (q_cell - q_cell.min())
+    cells, index = np.unique(key, return_inverse=True)
+    return cells.size, index.ravel()
+
+
 def coarsen_history(runs: History, max_pairs: int) -> History:
-    """Aggregate runs by (sigma, q) (composition commutes); if more than `max_pairs` distinct
-    pairs remain, round sigma DOWN and q UP onto a geometric grid (ratio 1.001, doubled until
-    they fit). Less noise and more sampling only lose privacy (post-processing), so the result
-    dominates the input: any upper bound computed for it holds for the input."""
-    ratio = 0.0
-    while True:
-        agg: dict[tuple[float, float], int] = {}
-        for sigma, q, steps in runs:
-            if ratio > 0 and sigma > 0 and q > 0:
-                step = math.log1p(ratio)
-                sigma = math.exp(math.floor(math.log(sigma) / step) * step)
-                q = min(1.0, math.exp(math.ceil(math.log(q) / step) * step))
-            agg[(sigma, q)] = agg.get((sigma, q), 0) + steps
-        if len(agg) <= max_pairs:
-            return [(s, q, n) for (s, q), n in agg.items()]
-        ratio = 1e-3 if ratio == 0 else 2 * ratio
+    """At most `max_pairs` runs that dominate `runs`, with the same total number of steps.
+
+    Runs are first aggregated by (sigma, q) (composition commutes). If more than `max_pairs`
+    distinct pairs remain (a noise or sample-rate schedule), they are grouped into the cells of a
+    geometric grid in (sigma, q) (the finest ratio, to about 5%, for which at most `max_pairs`
+    cells are occupied) and each group becomes one run with the group's SMALLEST sigma and LARGEST
+    q. Less noise and more sampling only lose privacy, so the result dominates the input: any
+    upper bound computed for it holds for the input; a value that is constant over the history
+    (e.g. q under a noise schedule) is kept exactly.
+    """
+    agg: dict[tuple[float, float], int] = {}
+    for sigma, q, steps in runs:
+        agg[(sigma, q)] = agg.get((sigma, q), 0) + steps
+    if len(agg) <= max_pairs:
+        return [(s, q, n) for (s, q), n in agg.items()]
+    pairs = np.array(list(agg), dtype=np.float64)                     # [R, 2]: (sigma, q)
+    counts = np.array(list(agg.values()), dtype=np.int64)             # [R]
+    log_sigma, log_q = _log_with_zero_apart(pairs[:, 0]), _log_with_zero_apart(pairs[:, 1])
+    fine, coarse = 0.0, 1e-3
+    while _grid_cells(log_sigma, log_q, coarse)[0] > max_pairs:
+        fine, coarse = coarse, 2 * coarse
+    while fine > 0 and coarse > 1.05 * fine:                           # bisect the ratio
+        mid = math.sqrt(fine * coarse)
+        if _grid_cells(log_sigma, log_q, mid)[0] <= max_pairs:
+            coarse = mid
+        else:
+            fine = mid
+    size, cell = _grid_cells(log_sigma, log_q, coarse)
+    sigma_min = np.full(size, np.inf)
+    np.minimum.at(sigma_min, cell, pairs[:, 0])
+    q_max = np.zeros(size)
+    np.maximum.at(q_max, cell, pairs[:, 1])
+    steps = np.zeros(size, dtype=np.int64)
+    np.add.at(steps, cell, counts)
+    return [(float(s), float(q), int(n)) for s, q, n in zip(sigma_min, q_max, steps)]
 
 
 def spending_runs(history: History) -> History:

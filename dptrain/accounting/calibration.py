@@ -55,32 +55,53 @@ def calibrate_sigma(epsilon: Callable[[float], float], target: float, tolerance:
                     sigma_hi: float | None = None) -> float:
     """Smallest sigma (to within `tolerance` in epsilon) with epsilon(sigma) <= target.
 
-    `epsilon` must be non-increasing in sigma. Returns a sigma whose epsilon is in
-    [target - tolerance, target] (or <= target when the curve is flat there).
+    `epsilon` must be non-increasing in sigma. Returns a sigma whose epsilon was evaluated and is
+    in [target - tolerance, target] (or <= target when the curve is flat there, or when sigma
+    reaches SIGMA_MIN); math.inf when even SIGMA_MAX exceeds the target. `sigma_hi`, a sigma
+    believed to meet the target, narrows the initial bracket.
     """
     hi = sigma_hi if sigma_hi is not None else 1.0
-    while epsilon(hi) > target:
+    eps_hi = epsilon(hi)
+    while eps_hi > target:
         if hi >= SIGMA_MAX:
             return math.inf
         hi = min(hi * 2.0, SIGMA_MAX)
+        eps_hi = epsilon(hi)
     factor = 0.9 if sigma_hi is not None else 0.5  # a good starting guess brackets narrowly
-    lo = hi * factor
-    while lo > SIGMA_MIN and epsilon(lo) <= target:
-        hi, lo = lo, lo * factor
-    if lo <= SIGMA_MIN:
-        return hi
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        eps_mid = epsilon(mid)
-        if eps_mid <= target:
-            hi = mid
-            if eps_mid >= target - tolerance:
-                break
-        else:
-            lo = mid
-        if hi - lo <= 1e-10 * hi:
-            break
+    while eps_hi < target - tolerance:
+        if hi <= SIGMA_MIN:
+            return hi
+        lo, eps_lo = hi * factor, epsilon(hi * factor)
+        if eps_lo > target:
+            return _refine(epsilon, target, tolerance, (lo, eps_lo), (hi, eps_hi))
+        hi, eps_hi = lo, eps_lo
     return hi
+
+
+def _refine(epsilon: Callable[[float], float], target: float, tolerance: float,
+            low: tuple[float, float], high: tuple[float, float]) -> float:
+    """Shrink the bracket (lo, eps_lo > target), (hi, eps_hi <= target) by the Illinois variant of
+    regula falsi on (log sigma, epsilon - target), bisecting when the interpolant is unusable.
+    Only sigmas whose evaluated epsilon is <= target are ever returned."""
+    x_lo, y_lo = math.log(low[0]), low[1] - target
+    x_hi, y_hi = math.log(high[0]), high[1] - target
+    side = 0
+    for _ in range(100):
+        x = (x_lo * y_hi - x_hi * y_lo) / (y_hi - y_lo) if math.isfinite(y_lo) else math.nan
+        if not (x_lo < x < x_hi):
+            x = 0.5 * (x_lo + x_hi)
+        y = epsilon(math.exp(x)) - target
+        if y <= 0:
+            x_hi, y_hi = x, y
+            if y >= -tolerance:
+                break
+            y_lo, side = (y_lo / 2 if side == -1 else y_lo), -1
+        else:
+            x_lo, y_lo = x, y
+            y_hi, side = (y_hi / 2 if side == 1 else y_hi), 1
+        if x_hi - x_lo <= 1e-10:
+            break
+    return math.exp(x_hi)
 
 
 def get_noise_multiplier(*, target_epsilon: float, target_delta: float, sample_rate: float,

@@ -34,7 +34,7 @@ import math
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 from scipy import fft as sfft
@@ -157,7 +157,7 @@ def _mean_inside(sigma: float, q: float, direction: str, lo: float, hi: float) -
     """E[Y 1{lo <= Y < hi}] by quadrature over x, and its error estimate."""
     xs = _threshold(np.array([lo, hi]) * (1 if direction == "remove" else -1), sigma, q)
     a, b = sorted(float(v) for v in xs)
-    a = max(a, -40 * sigma + (0.0 if direction == "add" else 0.0))
+    a = max(a, -40 * sigma)
     b = min(b, 1 + 40 * sigma)
     if not a < b:
         return 0.0, 0.0
@@ -340,11 +340,26 @@ def _delta_cached(runs: tuple[tuple[float, float, int], ...], epsilon: float, ep
     return max(deltas)
 
 
+_NUMERICAL_FAILURES = (MemoryError, FloatingPointError, ValueError, OverflowError)
+
+
+def _warn_fallback(reason: str, what: str) -> None:
+    warnings.warn(f"prv accountant could not certify a bound ({reason}); reporting the RDP {what}, "
+                  "an upper bound.", UserWarning, stacklevel=4)
+
+
 def prv_delta(runs: History, epsilon: float, eps_error: float = 0.01) -> float:
-    """Certified upper bound on delta(epsilon) of a history (runs with sigma > 0, q > 0)."""
+    """Certified upper bound on delta(epsilon) of a history (runs with sigma > 0, q > 0); the
+    smaller of the numerical and the RDP bound (the RDP one, with a warning, if the numerical
+    method fails)."""
     runs = coarsen_history(runs, _MAX_DISTINCT_RUNS)
     rdp_delta = rdp_to_delta(rdp_of_history(runs), DEFAULT_ORDERS, epsilon)[0]
-    return min(1.0, rdp_delta, _delta_cached(tuple(runs), float(epsilon), float(eps_error)))
+    try:
+        numerical = _delta_cached(tuple(runs), float(epsilon), float(eps_error))
+    except _NUMERICAL_FAILURES as e:
+        _warn_fallback(f"{type(e).__name__}: {e}", f"delta {rdp_delta:.6g}")
+        return min(1.0, rdp_delta)
+    return min(1.0, rdp_delta, numerical)
 
 
 def _rdp_epsilon(runs: History, delta: float) -> float:
@@ -354,8 +369,9 @@ def _rdp_epsilon(runs: History, delta: float) -> float:
 def prv_epsilon_bounds(runs: History, delta: float, eps_error: float = 0.01) -> EpsilonBounds:
     """(lower, estimate, upper) epsilon of a history (runs with sigma > 0, q > 0) at delta.
 
-    Runs are aggregated by (sigma, q) (composition commutes); beyond 32 distinct pairs, sigma is
-    rounded down and q up on a geometric grid, a dominating (more private-loss) history. The upper
+    Runs are aggregated by (sigma, q) (composition commutes); beyond 32 distinct pairs they are
+    grouped on a geometric grid, each group taking its smallest sigma and largest q, a dominating
+    (more private-loss) history (see base.coarsen_history). The upper
     bound is capped by the RDP epsilon of that history (also an upper bound). Falls back to RDP with a
     warning when the numerical method cannot certify a bound.
     """
@@ -364,15 +380,13 @@ def prv_epsilon_bounds(runs: History, delta: float, eps_error: float = 0.01) -> 
     try:
         bounds = _bounds_cached(tuple(runs), float(delta), float(eps_error))
         certified = math.isfinite(bounds.upper)
-    except (MemoryError, FloatingPointError, ValueError, OverflowError) as e:  # pragma: no cover
+    except _NUMERICAL_FAILURES as e:
         bounds, certified = EpsilonBounds(0.0, rdp_eps, rdp_eps), False
         reason = f"{type(e).__name__}: {e}"
     else:
         reason = "the numerical error terms exceed delta"
     if not certified:
-        warnings.warn(
-            f"prv accountant could not certify a bound ({reason}); reporting the RDP epsilon "
-            f"{rdp_eps:.6g}, an upper bound.", UserWarning, stacklevel=3)
+        _warn_fallback(reason, f"epsilon {rdp_eps:.6g}")
         return EpsilonBounds(0.0, rdp_eps, rdp_eps)
     upper = min(bounds.upper, rdp_eps)
     return EpsilonBounds(min(bounds.lower, upper), min(bounds.estimate, upper), upper)
@@ -405,6 +419,18 @@ class PRVAccountant(Accountant):
 
     def _epsilon(self, runs: History, delta: float) -> float:
         return prv_epsilon_bounds(runs, delta, self.eps_error).upper
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["eps_error"] = self.eps_error
+        return state
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        eps_error = state_dict.get("eps_error", self.eps_error)
+        if not (isinstance(eps_error, (int, float)) and eps_error > 0):
+            raise PrivacyError(f"state_dict['eps_error']={eps_error!r} must be > 0 (nats), e.g. 0.01.")
+        super().load_state_dict(state_dict)
+        self.eps_error = float(eps_error)
 
     def _delta(self, runs: History, epsilon: float) -> float:
         check_epsilon(epsilon)

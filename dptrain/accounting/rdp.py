@@ -165,7 +165,8 @@ class RDPAccountant(Accountant):
     """Renyi DP accountant (an upper bound on epsilon).
 
     Histories with more than 128 distinct (sigma, q) pairs (noise schedules) are coarsened to a
-    dominating history (sigma rounded down, q up, on a geometric grid) to keep the cost bounded.
+    dominating history (groups of nearby pairs, each with its smallest sigma and largest q; see
+    base.coarsen_history) to keep the cost bounded.
 
     Args:
         orders: RDP orders alpha > 1 to optimise over (default: 1.01..10.9 fractional, 11..63,
@@ -217,6 +218,9 @@ class RDPAccountant(Accountant):
         return state
 
     def load_state_dict(self, state_dict: dict) -> None:
+        conversion = state_dict.get("conversion", self.conversion)
+        if conversion not in CONVERSIONS:
+            raise PrivacyError(f"state_dict['conversion']={conversion!r} is unknown: use one of {CONVERSIONS}.")
+        orders = check_orders(state_dict.get("orders", self.orders))
         super().load_state_dict(state_dict)
-        self.orders = check_orders(state_dict.get("orders", self.orders))
-        self.conversion = state_dict.get("conversion", self.conversion)
+        self.orders, self.conversion = orders, conversion

@@ -176,3 +176,75 @@ def test_rdp_of_a_long_noise_schedule_is_an_upper_bound_close_to_exact():
     for sigma, q, n in runs:
         acc.step(noise_multiplier=sigma, sample_rate=q, steps=n)
     assert exact <= acc.get_epsilon(1e-5) <= exact * 1.01
+
+
+def test_steps_given_as_a_numpy_integer_are_accepted():
+    import numpy as np
+
+    acc = get_accountant("rdp")
+    acc.step(noise_multiplier=1.0, sample_rate=0.01, steps=np.int64(20))
+    assert len(acc) == 20 and isinstance(acc.history[0][2], int)
+
+
+@pytest.mark.parametrize("steps", [math.inf, math.nan])
+def test_non_finite_steps_raise_privacy_error_naming_steps(steps):
+    with pytest.raises(PrivacyError, match="steps="):
+        get_accountant("rdp").step(noise_multiplier=1.0, sample_rate=0.01, steps=steps)
+
+
+def test_coarsening_a_noise_schedule_keeps_its_constant_sample_rate_and_its_own_sigmas():
+    from dptrain.accounting.base import coarsen_history
+
+    runs = [(1.5 - 0.0007 * i, 0.01, 2) for i in range(1000)]    # sigma 1.5 .. 0.8007
+    coarse = coarsen_history(runs, 32)
+    assert len(coarse) <= 32 and sum(n for _, _, n in coarse) == 2000
+    assert {q for _, q, _ in coarse} == {0.01}
+    assert {s for s, _, _ in coarse} <= {s for s, _, _ in runs}
+    assert min(s for s, _, _ in coarse) == runs[-1][0]
+
+
+def test_a_coarsened_schedule_of_sigma_and_q_has_at_least_the_rdp_of_the_exact_one():
+    import numpy as np
+
+    from dptrain.accounting.base import coarsen_history
+    from dptrain.accounting.rdp import rdp_of_history
+
+    runs = [(0.8 + 0.01 * (i % 70), 0.001 + 0.0001 * (i % 13), 1) for i in range(910)]
+    coarse = coarsen_history(runs, 32)
+    assert len(coarse) <= 32 and sum(n for _, _, n in coarse) == 910
+    orders = [2.0, 8.0, 32.0]
+    exact, bound = rdp_of_history(runs, orders), rdp_of_history(coarse, orders)
+    assert np.all(bound >= exact)
+
+
+def test_coarsening_a_sigma_only_schedule_costs_little_epsilon():
+    from dptrain.accounting.base import coarsen_history
+    from dptrain.accounting.rdp import rdp_of_history, rdp_to_epsilon
+
+    orders = [float(a) for a in range(2, 33)]
+    runs = [(1.5 - 0.0025 * i, 0.01, 30) for i in range(280)]       # sigma 1.5 -> 0.8025
+
+    def epsilon(history):
+        return rdp_to_epsilon(rdp_of_history(history, orders), orders, 1e-5)[0]
+
+    assert epsilon(runs) <= epsilon(coarsen_history(runs, 32)) <= 1.03 * epsilon(runs)
+
+
+def test_prv_state_dict_round_trip_keeps_the_requested_error():
+    from dptrain.accounting import PRVAccountant
+
+    acc = PRVAccountant(eps_error=0.05)
+    acc.step(noise_multiplier=1.0, sample_rate=0.01, steps=10)
+    other = PRVAccountant()
+    other.load_state_dict(acc.state_dict())
+    assert other.eps_error == 0.05 and other.history == acc.history
+
+
+def test_rdp_state_dict_with_an_unknown_conversion_is_refused_and_changes_nothing():
+    acc = get_accountant("rdp")
+    state = acc.state_dict()
+    state["conversion"] = "loose"
+    state["history"] = [[1.0, 0.01, 10]]
+    with pytest.raises(PrivacyError, match="conversion"):
+        acc.load_state_dict(state)
+    assert acc.history == [] and acc.conversion == "tight"

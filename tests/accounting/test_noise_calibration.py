@@ -68,3 +68,30 @@ def test_very_loose_target_returns_a_tiny_but_valid_sigma():
     sigma = get_noise_multiplier(target_epsilon=1e4, target_delta=1e-5, sample_rate=0.001, steps=1)
     assert 0 < sigma <= 0.01
     assert compute_epsilon([(sigma, 0.001, 1)], 1e-5) <= 1e4 and math.isfinite(sigma)
+
+
+def test_calibrate_sigma_needs_few_evaluations_on_a_smooth_curve():
+    from dptrain.accounting.calibration import calibrate_sigma
+
+    calls = []
+
+    def epsilon(sigma):
+        calls.append(sigma)
+        return 10.0 / sigma**2
+
+    sigma = calibrate_sigma(epsilon, target=3.0, tolerance=1e-3)
+    assert 3.0 - 1e-3 <= epsilon(sigma) <= 3.0
+    assert len(calls) <= 10
+
+
+def test_calibrate_sigma_returns_only_a_sigma_it_evaluated_at_or_below_the_target():
+    from dptrain.accounting.calibration import calibrate_sigma
+
+    seen = {}
+
+    def jagged(sigma):   # non-increasing staircase, like a discretised accountant
+        seen[sigma] = math.floor(40.0 / sigma) / 10.0
+        return seen[sigma]
+
+    sigma = calibrate_sigma(jagged, target=2.55, tolerance=0.01)
+    assert sigma in seen and seen[sigma] <= 2.55

@@ -4,13 +4,12 @@ import math
 import time
 import warnings
 
+import dp_accounting  # test-only dependency (pyproject [test]): the independent accountant
 import pytest
 
 from dptrain.accounting import PRVAccountant, RDPAccountant
 from dptrain.accounting import prv as prv_module
 from dptrain.accounting.prv import loss_cdf_sf
-
-dp_accounting = pytest.importorskip("dp_accounting")
 
 # Stated tolerance: our upper bound is within PLD_TOLERANCE (nats) + 0.5% above dp_accounting's
 # PLD epsilon (value_discretization_interval 1e-4), and our lower bound is below it.
@@ -136,3 +135,52 @@ def test_prv_grid_against_dp_accounting_pld(q, sigma, steps, delta):
     assert lower <= reference + 1e-6
     assert upper >= reference - 1e-6
     assert upper - reference <= PLD_TOLERANCE + 0.005 * reference
+
+
+def gaussian_mechanism_epsilon(mu: float, delta: float) -> float:
+    """Exact epsilon of the Gaussian mechanism with sensitivity / std = mu (Balle & Wang 2018)."""
+    from scipy import optimize, stats
+
+    def excess(eps):
+        return stats.norm.cdf(-eps / mu + mu / 2) - math.exp(eps) * stats.norm.cdf(-eps / mu - mu / 2) - delta
+
+    return optimize.brentq(excess, 0.0, mu * mu / 2 + 20 * mu + 10, xtol=1e-12)
+
+
+@pytest.mark.parametrize("sigma, steps", [(0.5, 10), (0.7, 3), (2.0, 100)])
+@pytest.mark.parametrize("delta", [1e-5, 1e-10])
+def test_without_subsampling_prv_brackets_the_exact_gaussian_mechanism(sigma, steps, delta):
+    # q = 1: T steps of sigma are one Gaussian mechanism with mu = sqrt(T) / sigma
+    lower, _, upper = prv_of([(sigma, 1.0, steps)]).get_epsilon_bounds(delta)
+    exact = gaussian_mechanism_epsilon(math.sqrt(steps) / sigma, delta)
+    assert lower <= exact <= upper
+    assert upper - exact <= PLD_TOLERANCE
+
+
+def test_tiny_delta_is_certified_and_brackets_dp_accounting_pld():
+    history = [(1.0, 0.1, 1000)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # no fallback to RDP
+        lower, _, upper = prv_of(history).get_epsilon_bounds(1e-10)
+    reference = pld_epsilon(history, 1e-10)
+    assert lower <= reference <= upper + 1e-9
+    assert upper - reference <= PLD_TOLERANCE
+
+
+def test_hundred_thousand_steps_bracket_dp_accounting_pld():
+    history = [(1.1, 0.004, 100_000)]
+    lower, _, upper = prv_of(history).get_epsilon_bounds(1e-5)
+    reference = pld_epsilon(history, 1e-5, interval=1e-4)
+    assert lower <= reference <= upper + 1e-9
+    assert upper - reference <= PLD_TOLERANCE
+
+
+def test_get_delta_falls_back_to_rdp_with_a_warning_when_the_numerical_method_fails(monkeypatch):
+    def broken(*args, **kwargs):
+        raise MemoryError("simulated")
+
+    monkeypatch.setattr(prv_module, "_delta_cached", broken)
+    history = [(1.0, 0.01, 100)]
+    with pytest.warns(UserWarning, match="RDP delta"):
+        delta = prv_of(history).get_delta(2.0)
+    assert delta == RDPAccountant.from_history(history).get_delta(2.0)

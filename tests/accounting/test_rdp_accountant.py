@@ -3,6 +3,8 @@
 import math
 import time
 
+import dp_accounting  # test-only dependency (pyproject [test]): the independent accountant
+from dp_accounting.rdp import rdp_privacy_accountant as tf_rdp
 import numpy as np
 import pytest
 from scipy import integrate, stats
@@ -10,9 +12,6 @@ from scipy import integrate, stats
 from dptrain.accounting import RDPAccountant
 from dptrain.accounting.rdp import DEFAULT_ORDERS, rdp_sampled_gaussian
 from dptrain.errors import PrivacyError
-
-dp_accounting = pytest.importorskip("dp_accounting")
-from dp_accounting.rdp import rdp_privacy_accountant as tf_rdp  # noqa: E402
 
 
 def rdp_by_integration(q: float, sigma: float, alpha: float) -> float:
