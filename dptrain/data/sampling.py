@@ -5,12 +5,17 @@
 workers and the collate function, and yielding empty batches as tensors with 0 rows and the right
 trailing shape (the default collate cannot collate an empty list).
 
+Each batch's sample rate is recorded where it is handed to the training loop
+(`DPDataLoader.batch_sample_rate()`), so the DP optimizer and the accountant use the q a batch was
+really drawn with, even when a DataLoader prefetches batches or a loop skips one.
+
 The coin flips come from `dptrain.privacy.noise.uniform`: a seeded torch.Generator (reproducible)
 or, in secure mode, the OS CSPRNG.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -60,15 +65,29 @@ class PoissonBatchSampler(Sampler[list[int]]):
         self.secure = bool(secure)
         self.sample_rate_schedule = sample_rate_schedule
         self.batches_drawn = 0
+        self._scheduled: tuple[int, float] | None = None  # (batch index, q) last evaluated
+        #: q of each batch drawn by the current iterator and not yet handed out, oldest first.
+        self.pending_rates: deque[float] = deque()
+        #: q of the batch most recently handed to the training loop (None before the first).
+        self.handed_out_rate: float | None = None
 
     def __len__(self) -> int:
         return self.steps
 
     def _rate(self) -> float:
+        """q of the batch about to be drawn (index `batches_drawn`), evaluated once per index."""
         if self.sample_rate_schedule is None:
             return self.sample_rate
-        return _check_rate(self.sample_rate_schedule(self.batches_drawn),
-                           f"sample_rate_schedule (value at batch {self.batches_drawn})")
+        index = self.batches_drawn
+        if self._scheduled is None or self._scheduled[0] != index:
+            rate = _check_rate(self.sample_rate_schedule(index),
+                               f"sample_rate_schedule (value at batch {index})")
+            self._scheduled = (index, rate)
+        return self._scheduled[1]
+
+    def hand_out(self) -> None:
+        """Record that the oldest drawn batch has reached the training loop (`handed_out_rate`)."""
+        self.handed_out_rate = self.pending_rates.popleft() if self.pending_rates else None
 
     def draw(self) -> list[int]:
         """One Poisson batch: the indices i with uniform_i < q (sorted; possibly empty)."""
@@ -79,7 +98,10 @@ class PoissonBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         for _ in range(self.steps):
-            yield self.draw()
+            rate = self._rate()
+            batch = self.draw()
+            self.pending_rates.append(rate)
+            yield batch
 
     def state_dict(self) -> dict[str, Any]:
         """Batches drawn and (reproducible mode) the generator state, for exact resume."""
@@ -138,28 +160,76 @@ def dataset_size(data_loader: DataLoader, argument: str = "data_loader") -> int:
     return int(size)
 
 
+class _HandOutIterator:
+    """A DataLoader iterator that tells the sampler when each batch reaches the loop.
+
+    Batches arrive in the order their indices were drawn (the DataLoader keeps order), so the
+    i-th batch handed out is the i-th one drawn for this iterator; `len()` and other attributes
+    are the wrapped iterator's.
+    """
+
+    def __init__(self, iterator: Iterator[Any], sampler: PoissonBatchSampler) -> None:
+        self._iterator = iterator
+        self._sampler = sampler
+
+    def __iter__(self) -> _HandOutIterator:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self._iterator)
+        self._sampler.hand_out()
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._iterator)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._iterator, name)
+
+
 class DPDataLoader(DataLoader):
     """A DataLoader whose batches are Poisson samples (see `PoissonBatchSampler`).
 
-    `sample_rate` is the initial q and `len(loader)` the batches per epoch.
+    `sample_rate` is the initial q and `len(loader)` the batches per epoch;
+    `batch_sample_rate()` is the q of the batch the loop received last.
     """
 
     def __init__(self, dataset: Dataset, sample_rate: float, *, steps: int | None = None,
                  generator: torch.Generator | None = None, secure: bool = False,
                  sample_rate_schedule: Callable[[int], float] | None = None,
                  collate_fn: Callable[[list[Any]], Any] | None = None, **loader_kwargs: Any) -> None:
-        from torch.utils.data.dataloader import default_collate
-
         sampler = PoissonBatchSampler(len(dataset), sample_rate, steps=steps, generator=generator,
                                       secure=secure, sample_rate_schedule=sample_rate_schedule)
-        super().__init__(dataset, batch_sampler=sampler,
-                         collate_fn=EmptyBatchCollate(collate_fn or default_collate, dataset),
-                         **loader_kwargs)
+        self._init_loader(dataset, sampler, collate_fn, loader_kwargs)
+
+    def _init_loader(self, dataset: Dataset, sampler: PoissonBatchSampler,
+                     collate_fn: Callable[[list[Any]], Any] | None,
+                     loader_kwargs: dict[str, Any]) -> None:
+        """DataLoader.__init__ over `sampler`'s batches (empty ones collated to 0-row tensors)."""
+        from torch.utils.data.dataloader import default_collate
+
+        if loader_kwargs.get("in_order", True) is False:
+            raise ConfigError(f"{type(self).__name__}(in_order=False): batches must reach the loop "
+                              "in the order they were sampled, so that each step uses and accounts "
+                              "the sample rate of its own batch. Drop in_order=False.")
+        DataLoader.__init__(self, dataset, batch_sampler=sampler,
+                            collate_fn=EmptyBatchCollate(collate_fn or default_collate, dataset),
+                            **loader_kwargs)
         self.sample_rate = sampler.sample_rate
 
     @property
     def poisson_sampler(self) -> PoissonBatchSampler:
         return self.batch_sampler  # type: ignore[return-value]
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        """A fresh iterator; batches an abandoned iterator prefetched are forgotten (never used)."""
+        self.poisson_sampler.pending_rates.clear()
+        return _HandOutIterator(super().__iter__(), self.poisson_sampler)
+
+    def batch_sample_rate(self) -> float | None:
+        """q with which the batch most recently handed to the loop was sampled (None before the
+        first batch). The engine's DP optimizer uses it for the step that releases that batch."""
+        return self.poisson_sampler.handed_out_rate
 
     @classmethod
     def from_data_loader(cls, data_loader: DataLoader, *, sample_rate: float | None = None,

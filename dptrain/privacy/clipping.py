@@ -173,23 +173,27 @@ class PerLayerClipper(Clipper):
 class AdaptiveClipper(FlatClipper):
     """Flat clipping whose bound tracks a quantile of per-sample norms (Andrew et al. 2021).
 
-    After each logical step, with b = (number of samples whose norm was <= C + N(0, sigma_b^2))
-    / expected_batch_size the privately estimated unclipped fraction, the bound moves
-    geometrically towards the target quantile gamma:  C <- C * exp(-eta * (b - gamma)).
+    Each sample contributes the centred indicator u_i = 1[||g_i|| <= C] - 1/2 (in {-1/2, +1/2}).
+    After each logical step the released count is  sum_i u_i + N(0, sigma_b^2)  (summed over the
+    logical batch), and the privately estimated unclipped fraction is
+    b = clamp(released / expected_batch_size + 1/2, 0, 1); the bound then moves geometrically
+    towards the target quantile gamma:  C <- C * exp(-eta * (b - gamma)).
 
-    Privacy (Andrew et al. 2021, Theorem 1): releasing the noisy count with std sigma_b (each
-    sample's indicator, centred, has sensitivity 1/2) together with the gradient sum noised with
-    multiplier z_grad costs exactly as much as one Gaussian mechanism with multiplier z, where
-    z^-2 = z_grad^-2 + (2 sigma_b)^-2. So the gradient gets
-    z_grad = (z^-2 - (2 sigma_b)^-2)^(-1/2) > z, and the accountant is stepped with the
+    Privacy (Andrew et al. 2021, Theorem 1): adding or removing one example changes sum_i u_i by
+    at most 1/2 (this is why the indicator is centred: the raw count sum_i 1[...] would have
+    sensitivity 1, and the 1/2 added back is public because it uses the expected, not the actual,
+    batch size). The count is thus a Gaussian mechanism with multiplier 2 sigma_b, and released
+    together with the gradient sum noised with multiplier z_grad it costs exactly as much as one
+    Gaussian mechanism with multiplier z, where z^-2 = z_grad^-2 + (2 sigma_b)^-2. So the gradient
+    gets z_grad = (z^-2 - (2 sigma_b)^-2)^(-1/2) > z, and the accountant is stepped with the
     configured z. This needs sigma_b > z / 2.
 
     Args:
         max_grad_norm: the initial bound C_0.
         target_unclipped_quantile: gamma in [0, 1], the fraction of samples to leave unclipped.
         clipbound_learning_rate: eta > 0.
-        count_noise_std: sigma_b, std of the noise on the unclipped count (in samples); Andrew
-            et al. suggest expected_batch_size / 20.
+        count_noise_std: sigma_b, std of the noise on the centred unclipped count (in samples);
+            Andrew et al. suggest expected_batch_size / 20.
     """
 
     name = "adaptive"
@@ -209,11 +213,12 @@ class AdaptiveClipper(FlatClipper):
         self.target_unclipped_quantile = float(target_unclipped_quantile)
         self.clipbound_learning_rate = float(clipbound_learning_rate)
         self.count_noise_std = float(count_noise_std)
-        self.unclipped_count = 0.0
+        self.centred_count = 0.0
 
     def factors(self, squared: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
         norms = total_norms(squared)
-        self.unclipped_count += float((norms <= self._bound).sum())
+        unclipped = float((norms <= self._bound).sum())
+        self.centred_count += unclipped - 0.5 * norms.numel()  # sum of 1[norm <= C] - 1/2
         factor = clip_factors(norms, self._bound)
         return {p: factor for p in squared}
 
@@ -229,23 +234,30 @@ class AdaptiveClipper(FlatClipper):
         inverse_sq = noise_multiplier ** -2 - (2.0 * self.count_noise_std) ** -2
         return inverse_sq ** -0.5
 
+    def noisy_unclipped_fraction(self, scalar_noise: ScalarNoise,
+                                 expected_batch_size: float) -> float:
+        """b in [0, 1]: the released centred count (sensitivity 1/2, noise std sigma_b) divided
+        by the public expected batch size, plus 1/2."""
+        released = self.centred_count + scalar_noise(self.count_noise_std)
+        return min(1.0, max(0.0, released / expected_batch_size + 0.5))
+
     def end_step(self, scalar_noise: ScalarNoise, expected_batch_size: float) -> None:
-        noisy_fraction = (self.unclipped_count + scalar_noise(self.count_noise_std)) / expected_batch_size
+        fraction = self.noisy_unclipped_fraction(scalar_noise, expected_batch_size)
         self._bound *= math.exp(-self.clipbound_learning_rate
-                                * (noisy_fraction - self.target_unclipped_quantile))
+                                * (fraction - self.target_unclipped_quantile))
         self.reset_accumulation()
 
     def reset_accumulation(self) -> None:
-        self.unclipped_count = 0.0
+        self.centred_count = 0.0
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "max_grad_norm": self._bound,
-                "unclipped_count": self.unclipped_count}
+                "centred_count": self.centred_count}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self._bound = float(state["max_grad_norm"])
-        self.unclipped_count = float(state["unclipped_count"])
+        self.centred_count = float(state["centred_count"])
 
 
 CLIPPING_MODES = ("flat", "per_layer", "adaptive")

@@ -172,24 +172,30 @@ class PrivacyEngine:
         noise_sched = as_schedule(noise_schedule, sigma, "noise_schedule")
         rate_sched = as_schedule(sample_rate_schedule, sample_rate, "sample_rate_schedule")
         source = _wrap_module(module, grad_sample_mode, batch_first, loss_reduction)
-        named = _trainable_parameters(source)
-        _check_optimizer_params(optimizer, source, named)
-        expected_batch_size = sample_rate * num_samples
-        clipper = make_clipper(clipping, max_grad_norm, [p for _, p in named],
-                               expected_batch_size=expected_batch_size,
-                               target_unclipped_quantile=target_unclipped_quantile,
-                               clipbound_learning_rate=clipbound_learning_rate,
-                               count_noise_std=count_noise_std)
-        clipper.gradient_noise_multiplier(sigma)  # adaptive: fails now if sigma_b is too small
-        self._place_noise_generator([p for _, p in named])
-        private_loader = self._private_loader(data_loader, poisson_sampling, allow_non_poisson,
-                                              rate_sched, loader_class)
-        dp_optimizer = optimizer_class(optimizer, sigma, None, expected_batch_size, clipper,
-                                   module=source, sample_rate=sample_rate,
-                                   noise_generator=(self.noise_generator if noise_generator is None
-                                                    else noise_generator),
-                                   secure_mode=self.secure_mode, noise_schedule=noise_sched,
-                                   sample_rate_schedule=rate_sched)
+        try:
+            named = _trainable_parameters(source)
+            _check_optimizer_params(optimizer, source, named)
+            expected_batch_size = sample_rate * num_samples
+            clipper = make_clipper(clipping, max_grad_norm, [p for _, p in named],
+                                   expected_batch_size=expected_batch_size,
+                                   target_unclipped_quantile=target_unclipped_quantile,
+                                   clipbound_learning_rate=clipbound_learning_rate,
+                                   count_noise_std=count_noise_std)
+            clipper.gradient_noise_multiplier(sigma)  # adaptive: fails now if sigma_b is too small
+            self._place_noise_generator([p for _, p in named])
+            private_loader = self._private_loader(data_loader, poisson_sampling,
+                                                  allow_non_poisson, rate_sched, loader_class)
+            dp_optimizer = optimizer_class(
+                optimizer, sigma, None, expected_batch_size, clipper, module=source,
+                sample_rate=sample_rate,
+                noise_generator=noise_generator or self.noise_generator,
+                secure_mode=self.secure_mode, noise_schedule=noise_sched,
+                sample_rate_schedule=rate_sched,
+                sample_rate_source=getattr(private_loader, "batch_sample_rate", None))
+        except BaseException:
+            if source is not module:  # a wrapper made here: leave the user's model as it was
+                source.remove_hooks()
+            raise
         dp_optimizer.attach_step_hook(self._account_step)
         self.optimizer, self.data_loader, self.dataset_size = dp_optimizer, private_loader, num_samples
         return source, dp_optimizer, private_loader
@@ -224,7 +230,8 @@ class PrivacyEngine:
 
     # -- accounting ----------------------------------------------------------------------------
     def _account_step(self, optimizer: DPOptimizer) -> None:
-        """Step hook: the accountant records the sigma and q this step actually used."""
+        """Step hook: the accountant records the sigma and q this step actually used (q is the
+        one the released batch was sampled with; see DPOptimizer.sample_rate_source)."""
         self.accountant.step(noise_multiplier=optimizer.noise_multiplier,
                              sample_rate=optimizer.sample_rate)
 

@@ -17,9 +17,10 @@ clipping, the Poisson sampling coin flips) comes from this module, through `gaus
     floating-point attacks on Gaussian sampling (Jin et al. 2022, "Are we there yet? Timing and
     floating-point attacks on differential privacy systems", arXiv:2112.05307; fix after Holohan
     and Braghin 2021, "Secure random sampling in differential privacy", arXiv:2107.10138), each
-    output is the sum of `SECURE_GAUSSIAN_TERMS` = 4 independent standard normals divided by 2,
-    so its variance is exactly 1 and the set of reachable floats around any value is dense, which
-    removes the holes that let an attacker tell two neighbouring inputs apart from one output.
+    output is the sum of `SECURE_GAUSSIAN_TERMS` = 4 independent standard normals divided by 2
+    (again exactly N(0, 1) in real arithmetic). This is the mitigation Opacus also uses: it fills
+    the gaps in the set of floats a single Box-Muller draw can produce, which the attack uses to
+    tell neighbouring inputs apart from one output. It is a practical mitigation, not a proof.
 
   What secure mode protects: the noise and the sampling cannot be predicted or replayed from the
   seed, the code, other outputs or a checkpoint (generator states are not saved; nothing is).

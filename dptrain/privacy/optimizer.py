@@ -15,6 +15,7 @@ forgets `zero_grad()` (that would make one sample count in two releases).
 from __future__ import annotations
 
 import math
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -29,11 +30,18 @@ from dptrain.privacy.noise import gaussian_noise
 from dptrain.privacy.schedules import Schedule
 
 StepHook = Callable[["DPOptimizer"], None]
+#: fn() -> q with which the batch about to be released was sampled (None: no batch seen yet).
+SampleRateSource = Callable[[], "float | None"]
+
+
+def _is_number(value: Any) -> bool:
+    """A real number (int or float), not a bool (True would silently mean 1.0)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_noise_multiplier(value: float, argument: str = "noise_multiplier") -> float:
     """`value` as a float if it is a finite sigma >= 0, else PrivacyError naming `argument`."""
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+    if not (_is_number(value) and math.isfinite(value) and value >= 0):
         raise PrivacyError(f"{argument}={value!r} must be a finite noise multiplier >= 0 (the "
                            "Gaussian noise std in units of the clipping norm); pass e.g. 1.0.")
     return float(value)
@@ -41,7 +49,7 @@ def check_noise_multiplier(value: float, argument: str = "noise_multiplier") -> 
 
 def check_sample_rate(value: float, argument: str = "sample_rate") -> float:
     """`value` as a float if it is in (0, 1], else PrivacyError naming `argument`."""
-    if not (isinstance(value, (int, float)) and 0 < value <= 1):
+    if not (_is_number(value) and 0 < value <= 1):
         raise PrivacyError(f"{argument}={value!r} must be a sample rate in (0, 1] (the expected "
                            "batch size divided by the dataset size).")
     return float(value)
@@ -62,6 +70,9 @@ class DPOptimizer(Optimizer):
         noise_generator: seeded torch.Generator for the noise (reproducible mode).
         secure_mode: draw noise from the OS CSPRNG (see dptrain.privacy.noise).
         noise_schedule / sample_rate_schedule: Schedule(step) -> sigma / q, applied from step 0.
+        sample_rate_source: fn() -> the q the Poisson loader sampled the current batch with
+            (`DPDataLoader.batch_sample_rate`); when given, each real step uses that q (and
+            expected batch size q * N), so the accountant records the q actually sampled.
     """
 
     def __init__(self, optimizer: Optimizer, noise_multiplier: float,
@@ -69,7 +80,8 @@ class DPOptimizer(Optimizer):
                  clipper: Clipper | None = None, *, module: PerSampleSource, sample_rate: float,
                  noise_generator: torch.Generator | None = None, secure_mode: bool = False,
                  noise_schedule: Schedule | None = None,
-                 sample_rate_schedule: Schedule | None = None) -> None:
+                 sample_rate_schedule: Schedule | None = None,
+                 sample_rate_source: SampleRateSource | None = None) -> None:
         if isinstance(optimizer, DPOptimizer):
             raise ConfigError("optimizer is already a DPOptimizer: pass the plain torch optimizer.")
         self.original_optimizer = optimizer
@@ -90,6 +102,8 @@ class DPOptimizer(Optimizer):
         self.secure_mode = bool(secure_mode)
         self.noise_schedule = noise_schedule
         self.sample_rate_schedule = sample_rate_schedule
+        self.sample_rate_source = sample_rate_source
+        self._warned_rate_mismatch = False
         self.steps_taken = 0
         self._step_hooks: list[StepHook] = []
         self._skip_next = False
@@ -231,6 +245,7 @@ class DPOptimizer(Optimizer):
             self._skip_next, self._last_step_skipped = False, True
             return loss
         self._last_step_skipped = False
+        self._use_sampled_rate()
         self._write_noisy_gradients()
         result = self.original_optimizer.step()
         self._summed_released = True
@@ -240,6 +255,30 @@ class DPOptimizer(Optimizer):
         self.steps_taken += 1
         self._apply_schedules()
         return loss if closure is not None else result
+
+    def _use_sampled_rate(self) -> None:
+        """Set q, and the expected batch size q * N, to the q the released batch was sampled with.
+
+        The sample-rate schedule's value for this step index is what the sampler used unless the
+        loop skipped a batch without `step()` or dropped batches an abandoned iterator had
+        prefetched; then the sampled q (the one the privacy guarantee depends on) wins, with a
+        warning, and the accountant hook records it.
+        """
+        sampled = self.sample_rate_source() if self.sample_rate_source is not None else None
+        if sampled is None or math.isclose(sampled, self.sample_rate, rel_tol=1e-12):
+            return
+        if not self._warned_rate_mismatch:
+            self._warned_rate_mismatch = True
+            warnings.warn(
+                f"DPOptimizer step {self.steps_taken}: the batch being released was sampled with "
+                f"q={sampled:.6g}, but the optimizer's q for this step (sample_rate_schedule, or "
+                f"batch_size / N) is {self.sample_rate:.6g}: a batch was skipped without "
+                "optimizer.step(), an iterator was abandoned with prefetched batches, or the "
+                "loader's sampler was changed. The accountant records, and the gradient is divided "
+                "by the expected batch size of, the q actually sampled. Call optimizer.step() once "
+                "for every batch, empty ones included.", UserWarning, stacklevel=3)
+        self.sample_rate = check_sample_rate(sampled, "the loader's batch sample rate")
+        self.expected_batch_size = self.sample_rate * self._public_size
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear p.grad, the per-sample state and p.summed_grad (kept after a skipped step)."""

@@ -102,3 +102,37 @@ def test_secure_batch_sizes_have_the_binomial_mean():
     n, q, steps = 500, 0.1, 400
     sizes = _sizes(PoissonBatchSampler(n, q, steps=steps, secure=True))
     assert abs(sizes.mean().item() - n * q) < 6 * math.sqrt(n * q * (1 - q) / steps)
+
+
+def _scheduled_loader(schedule, **loader_kwargs) -> DPDataLoader:
+    dataset = TensorDataset(torch.arange(20.0).view(20, 1))
+    return DPDataLoader(dataset, sample_rate=schedule(0), steps=6, sample_rate_schedule=schedule,
+                        generator=torch.Generator().manual_seed(0), **loader_kwargs)
+
+
+def test_the_loader_reports_the_sample_rate_each_handed_out_batch_was_drawn_with():
+    def schedule(t):
+        return 1.0 if t % 3 == 0 else 1e-12
+
+    loader = _scheduled_loader(schedule)
+    assert loader.batch_sample_rate() is None
+    for t, (x,) in enumerate(loader):
+        assert loader.batch_sample_rate() == schedule(t)
+        assert len(x) == (20 if schedule(t) == 1.0 else 0)
+
+
+def test_batches_prefetched_by_an_abandoned_iterator_are_not_reported_for_later_batches():
+    def schedule(t):
+        return 1.0 / (t + 1)
+
+    loader = _scheduled_loader(schedule, num_workers=1, prefetch_factor=2)
+    next(iter(loader))  # abandoned: it had drawn (prefetched) more batches than it handed out
+    first_of_next = loader.poisson_sampler.batches_drawn
+    assert first_of_next > 1
+    next(iter(loader))
+    assert loader.batch_sample_rate() == schedule(first_of_next)
+
+
+def test_out_of_order_batches_are_a_config_error_naming_in_order():
+    with pytest.raises(ConfigError, match="in_order=False"):
+        DPDataLoader(TensorDataset(torch.zeros(4, 1)), sample_rate=0.5, in_order=False)

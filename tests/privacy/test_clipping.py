@@ -137,3 +137,32 @@ def test_adaptive_state_dict_round_trip_restores_the_bound():
     fresh = AdaptiveClipper(1.0, 0.5, 0.2, count_noise_std=1.0)
     fresh.load_state_dict(clipper.state_dict())
     assert fresh.max_grad_norm == clipper.max_grad_norm
+
+
+def _released_count(clipper, grads) -> float:
+    """The noiseless released count of one logical batch, in samples: (b - 1/2) * expected size."""
+    clipper.clip(_source_with(grads))
+    fraction = clipper.noisy_unclipped_fraction(lambda std: 0.0, expected_batch_size=8.0)
+    clipper.reset_accumulation()
+    return (fraction - 0.5) * 8.0
+
+
+def test_adaptive_released_count_moves_by_at_most_half_when_one_sample_is_removed():
+    # Theorem 1 charges the count as a Gaussian mechanism with multiplier 2 sigma_b, which holds
+    # only if adding or removing one example moves the released count by at most 1/2.
+    grads = per_sample_grads(tiny_model(), LOSS, *tiny_data(8))
+    norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads.values()))
+    clipper = AdaptiveClipper(float(norms.median()), 0.5, 0.2, count_noise_std=1.0)
+    full = _released_count(clipper, grads)
+    for b in range(8):
+        keep = [i for i in range(8) if i != b]
+        without_b = _released_count(clipper, {p: g[keep] for p, g in grads.items()})
+        assert abs(full - without_b) == pytest.approx(0.5)
+
+
+def test_adaptive_noisy_fraction_is_clamped_to_zero_one():
+    grads = per_sample_grads(tiny_model(), LOSS, *tiny_data(4))
+    clipper = AdaptiveClipper(1.0, 0.5, 0.2, count_noise_std=1.0)
+    clipper.clip(_source_with(grads))
+    assert clipper.noisy_unclipped_fraction(lambda std: 1e6, expected_batch_size=4.0) == 1.0
+    assert clipper.noisy_unclipped_fraction(lambda std: -1e6, expected_batch_size=4.0) == 0.0

@@ -65,7 +65,8 @@ def test_an_unchanged_training_loop_steps_the_accountant_once_per_batch():
 
 
 def test_epsilon_after_training_matches_google_dp_accounting():
-    dp_accounting = pytest.importorskip("dp_accounting")
+    import dp_accounting  # test-only dependency: the independent accountant
+
     engine, model, optimizer, loader = _private()
     _train_epoch(model, optimizer, loader)
     event = dp_accounting.SelfComposedDpEvent(
@@ -91,8 +92,8 @@ def test_with_sigma_zero_one_step_applies_the_mean_of_clipped_per_sample_gradien
 
 
 def test_an_empty_poisson_batch_still_steps_and_is_accounted():
-    engine, model, optimizer, loader = _private(data_loader=_loader(batch_size=1, n=N))
-    loader.poisson_sampler.sample_rate_schedule = lambda step: 1e-12  # force empty batches
+    engine, model, optimizer, loader = _private(data_loader=_loader(batch_size=1, n=N),
+                                                sample_rate_schedule=lambda step: 1e-12)  # empty
     before = [p.detach().clone() for p in model.parameters()]
     x, _y = next(iter(loader))
     assert x.shape == (0, 3)
@@ -145,7 +146,8 @@ def test_per_layer_clipping_with_a_list_of_bounds_trains():
 
 
 def test_ghost_mode_wraps_the_model_in_the_ghost_clipping_module():
-    ghost = pytest.importorskip("dptrain.grad_sample.ghost")
+    from dptrain.grad_sample import ghost
+
     engine, model, optimizer, loader = _private(grad_sample_mode="ghost")
     _train_epoch(model, optimizer, loader)
     assert isinstance(model, ghost.GhostClippingModule) and len(engine.accountant) == 8
@@ -268,3 +270,52 @@ def test_make_private_with_epsilon_refuses_a_noise_schedule():
             module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
             data_loader=_loader(), max_grad_norm=1.0, target_epsilon=3.0, target_delta=1e-3,
             epochs=1, noise_schedule={"kind": "exponential", "gamma": 0.9})
+
+
+def _alternating(step: int) -> float:
+    """q = 1 (every example) on even steps, q ~ 0 (empty batches) on odd steps."""
+    return 1.0 if step % 2 == 0 else 1e-12
+
+
+def _record_steps(optimizer) -> list:
+    seen: list = []
+    optimizer.attach_step_hook(lambda opt: seen.append((opt.sample_rate, opt.expected_batch_size)))
+    return seen
+
+
+def test_sampled_batch_size_expected_batch_size_and_accounted_q_agree_at_every_step():
+    engine, model, optimizer, loader = _private(sample_rate_schedule=_alternating)
+    seen, sizes = _record_steps(optimizer), []
+    for x, y in loader:
+        sizes.append(len(x))
+        optimizer.zero_grad()
+        if len(x):
+            nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    accounted = [q for _, q, k in engine.accountant.history for _ in range(k)]
+    assert sizes == [N if _alternating(t) == 1.0 else 0 for t in range(len(loader))]
+    assert accounted == [_alternating(t) for t in range(len(loader))]
+    assert seen == [(q, q * N) for q in accounted]
+
+
+def test_a_loop_skipping_empty_batches_still_accounts_the_q_each_batch_was_sampled_with():
+    engine, model, optimizer, loader = _private(sample_rate_schedule=_alternating)
+    seen = _record_steps(optimizer)
+    with pytest.warns(UserWarning, match="sampled with q=1"):
+        for x, y in loader:
+            if len(x) == 0:
+                continue  # the step is never taken, but the sampler has moved on
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    assert [q for _, q, _ in engine.accountant.history] == [1.0]
+    assert seen == [(1.0, float(N))] * (len(loader) // 2)
+
+
+def test_a_failed_make_private_leaves_the_model_unwrapped_so_a_retry_works():
+    model = tiny_model()
+    with pytest.raises(ConfigError, match="optimizer"):
+        _private(model=model, optimizer=torch.optim.SGD(tiny_model().parameters(), lr=0.1))
+    _, private, optimizer, loader = _private(model=model)
+    _train_epoch(private, optimizer, loader)
+    assert optimizer.steps_taken == len(loader)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -285,3 +286,29 @@ def test_bfloat16_parameters_get_a_bfloat16_noisy_gradient():
     dp.step()
     assert all(p.grad.dtype == torch.bfloat16 and torch.isfinite(p.grad).all()
                for p in model.parameters())
+
+
+def test_a_real_step_uses_the_sample_rate_its_batch_was_drawn_with():
+    _model, _source, dp = _setup(ebs=8.0, q=0.5, sample_rate_source=lambda: 0.25)  # N = 16
+    seen = []
+    dp.attach_step_hook(lambda opt: seen.append((opt.sample_rate, opt.expected_batch_size)))
+    with pytest.warns(UserWarning, match="sampled with q=0.25"):
+        dp.step()
+    assert seen == [(0.25, 4.0)]
+
+
+def test_a_source_agreeing_with_the_schedule_changes_nothing_and_does_not_warn():
+    _model, _source, dp = _setup(ebs=8.0, q=0.5, sample_rate_source=lambda: 0.5)
+    seen = []
+    dp.attach_step_hook(lambda opt: seen.append((opt.sample_rate, opt.expected_batch_size)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dp.step()
+    assert seen == [(0.5, 8.0)]
+
+
+@pytest.mark.parametrize("argument", ["noise_multiplier", "sample_rate"])
+def test_a_bool_is_not_a_noise_multiplier_or_sample_rate(argument):
+    kwargs = {"sigma": True} if argument == "noise_multiplier" else {"q": True}
+    with pytest.raises(PrivacyError, match=argument):
+        _setup(**kwargs)

@@ -80,3 +80,21 @@ def test_leaving_the_manager_mid_batch_discards_the_unreleased_chunks():
         assert all(p.summed_grad is not None for p in model.parameters())
     assert all(p.summed_grad is None for p in model.parameters())
     assert len(engine.accountant) == 0
+
+
+def test_an_empty_logical_batch_through_the_manager_is_one_noisy_accounted_step():
+    gen = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(N, 3, generator=gen, dtype=torch.float64),
+                         torch.randint(0, 2, (N,), generator=gen))
+    model = tiny_model()
+    engine = dptrain.PrivacyEngine(accountant="rdp", seed=0)
+    model, optimizer, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
+        data_loader=DataLoader(data, batch_size=12), noise_multiplier=1.0, max_grad_norm=0.5,
+        sample_rate_schedule=lambda step: 1e-12)  # every logical batch is empty
+    before = [p.detach().clone() for p in model.parameters()]
+    with dptrain.BatchMemoryManager(data_loader=loader, optimizer=optimizer,
+                                    max_physical_batch_size=4) as batches:
+        _loop(model, optimizer, batches)
+    assert len(engine.accountant) == len(loader) == N // 12
+    assert not any(torch.equal(b, p) for b, p in zip(before, model.parameters()))
