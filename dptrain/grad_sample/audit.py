@@ -48,8 +48,12 @@ class BackwardAudit:
         self._magnitudes: dict[int, float] = {}
 
     def received(self, param: nn.Parameter, grad: Tensor) -> None:
-        """Autograd produced ``grad`` (shape ``param.shape``) for ``param`` in this backward."""
-        self._received[id(param)] = grad.detach() if self.verify_sums else None
+        """Autograd produced ``grad`` (shape ``param.shape``; sparse for ``Embedding(sparse=True)``)
+        for ``param`` in this backward."""
+        if not self.verify_sums:
+            self._received[id(param)] = None
+            return
+        self._received[id(param)] = grad.detach().to_dense() if grad.is_sparse else grad.detach()
 
     def covered(self, params: list[nn.Parameter]) -> None:
         """The module owning ``params`` produced per-sample contributions in this backward."""

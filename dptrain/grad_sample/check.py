@@ -8,6 +8,7 @@ sample b alone (batch dimension of size 1): no vectorisation, no hooks. The test
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
@@ -67,21 +68,36 @@ def microbatch_grad_samples(
     return {n: torch.stack(r) if r else torch.zeros(0, *p.shape) for (n, p), r in zip(params, rows.values())}
 
 
+def _loss_reduction(loss_fn: Callable[[Tensor, Tensor], Tensor], loss_reduction: Optional[str]) -> str:
+    """``loss_reduction`` if given, else ``loss_fn.reduction`` (torch losses), else "mean"."""
+    if loss_reduction is not None:
+        return loss_reduction
+    reduction = getattr(loss_fn, "reduction", "mean")
+    if reduction not in ("mean", "sum"):
+        raise ConfigError(
+            f"check_per_sample_gradients: loss_fn.reduction is {reduction!r}; the batched loss must "
+            f"be a scalar, so use a loss with reduction 'mean' or 'sum'."
+        )
+    return reduction
+
+
 def wrapped_grad_samples(
     model: nn.Module,
     inputs: Inputs,
     targets: Tensor,
     loss_fn: Callable[[Tensor, Tensor], Tensor],
     batch_first: bool = True,
+    loss_reduction: Optional[str] = None,
 ) -> dict[str, Tensor]:
     """Per-sample gradients of one batched pass through a temporary GradSampleModule.
 
     ``p.grad`` is left untouched (the backward uses ``torch.autograd.grad``) and the hooks are
-    removed afterwards. The loss reduction is read from ``loss_fn.reduction`` (default "mean").
+    removed afterwards. ``loss_reduction`` ("mean" or "sum") defaults to ``loss_fn.reduction``
+    (torch's losses carry it), else "mean".
     """
     from dptrain.grad_sample.module import GradSampleModule
 
-    reduction = getattr(loss_fn, "reduction", "mean")
+    reduction = _loss_reduction(loss_fn, loss_reduction)
     gsm = GradSampleModule(model, batch_first=batch_first, loss_reduction=reduction)
     gsm._audit.verify_sums = False  # report wrong per-sample gradients as numbers, not an error
     try:
@@ -103,6 +119,7 @@ def check_per_sample_gradients(
     targets: Tensor,
     loss_fn: Callable[[Tensor, Tensor], Tensor],
     batch_first: bool = True,
+    loss_reduction: Optional[str] = None,
 ) -> dict[str, float]:
     """Worst absolute error of the engine's per-sample gradients, per trainable parameter.
 
@@ -110,9 +127,13 @@ def check_per_sample_gradients(
     alone, and returns ``{param_name: max_b max |grad_sample_b - micro_batch_grad_b|}`` (``inf``
     where the engine produced no or a wrongly shaped per-sample gradient). Use float64 and a model
     without randomness (dropout in eval mode, or none) for a meaningful comparison.
+
+    ``loss_reduction`` says how ``loss_fn`` reduces over the batch ("mean" or "sum"); by default it
+    is read from ``loss_fn.reduction`` (torch's loss modules) and is "mean" for a plain function.
     """
+    reduction = _loss_reduction(loss_fn, loss_reduction)
     truth = microbatch_grad_samples(model, inputs, targets, loss_fn, batch_first)
-    engine = wrapped_grad_samples(model, inputs, targets, loss_fn, batch_first)
+    engine = wrapped_grad_samples(model, inputs, targets, loss_fn, batch_first, reduction)
     errors = {}
     for name, expected in truth.items():
         got = engine[name]

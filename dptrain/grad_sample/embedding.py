@@ -85,10 +85,11 @@ def _bags(layer: nn.EmbeddingBag, activations: list[Tensor], batch: int) -> tupl
         indices = indices.reshape(-1)
         weights = weights.reshape(-1) if weights is not None else None
     else:
+        # position i belongs to the last bag starting at or before i (empty bags own nothing,
+        # including a last bag whose offset equals len(input))
         starts = offsets[:batch]
-        bag = torch.zeros_like(indices)
-        bag.index_add_(0, starts[1:], torch.ones_like(starts[1:]))
-        bag = bag.cumsum(0)
+        positions = torch.arange(indices.shape[0], device=indices.device)
+        bag = torch.searchsorted(starts, positions, right=True) - 1
     scale = torch.ones(indices.shape, dtype=torch.float64, device=indices.device) if weights is None else weights
     keep = torch.ones_like(indices, dtype=torch.bool) if layer.padding_idx is None else indices != layer.padding_idx
     scale = scale * keep

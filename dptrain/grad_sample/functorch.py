@@ -6,6 +6,10 @@ For a layer that directly owns trainable parameters ``theta`` and was called as
 w.r.t. its output. We ``vmap`` that over the batch: exact for any layer whose per-sample outputs
 depend only on that sample's inputs (what the validator guarantees). Children's parameters are held
 constant (their own hooks give theirs).
+
+The re-run covers the layer's whole forward, children included: a model owning a parameter at its
+root re-runs the whole model once more per batch, and a forward that draws random numbers
+(dropout) cannot be re-run identically, so it is refused with an explanation.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
+
+from dptrain.errors import UnsupportedModuleError
 
 
 def _batched_in_dims(values: Any, batch_dim: int, batch: int) -> Any:
@@ -43,6 +49,7 @@ def functorch_grad_samples(
     backprops: tuple[Tensor, ...],
     out_leaves: list[int],
     batch_dim: int,
+    name: str = "",
 ) -> dict[nn.Parameter, Tensor]:
     """Per-sample gradients of ``layer``'s own trainable parameters.
 
@@ -54,6 +61,7 @@ def functorch_grad_samples(
             batch first, each ``[B, *out_shape_without_batch]``.
         out_leaves: position of each of those outputs in ``tree_leaves(output)``.
         batch_dim: 0 for batch-first models, 1 for sequence-first.
+        name: the layer's path in the model, for error messages.
 
     Returns:
         ``{param: Tensor[B, *param.shape]}``.
@@ -74,6 +82,25 @@ def functorch_grad_samples(
         return sum((o.squeeze(batch_dim) * g).sum() for o, g in zip(outs, sample_grads))
 
     per_sample = vmap(grad(sample_loss), in_dims=(None, in_dims, 0))
-    with torch.enable_grad():
-        grads = per_sample(detached, inputs, backprops)
+    try:
+        with torch.enable_grad():
+            grads = per_sample(detached, inputs, backprops)
+    except RuntimeError as err:
+        if "random" not in str(err):
+            raise
+        raise _random_forward_error(layer, name) from err
     return {params[n]: g for n, g in grads.items()}
+
+
+def _random_forward_error(layer: nn.Module, name: str) -> UnsupportedModuleError:
+    """The error for a fallback layer whose forward draws random numbers (e.g. dropout)."""
+    kind = type(layer).__name__
+    where = f"Submodule '{name}' ({kind})" if name else f"The model itself ({kind})"
+    return UnsupportedModuleError(
+        f"{where} owns parameters directly and has no grad sampler, so its "
+        f"per-sample gradients are computed by re-running its forward per sample with torch.func; "
+        f"its forward draws random numbers (e.g. dropout, in it or in a child), which that re-run "
+        f"cannot reproduce. Move those parameters into a small submodule of their own whose "
+        f"forward is deterministic (e.g. a module that adds the position embedding), or register "
+        f"a grad sampler for {kind} with @dptrain.register_grad_sampler({kind})."
+    )

@@ -4,13 +4,19 @@ The module reuses :class:`~dptrain.grad_sample.module.GradSampleModule`'s captur
 store each layer call's inputs A, tensor hooks hand over the output gradients G, uses within a pass
 sum and passes concatenate) and replaces what happens per layer on backward:
 
-- *ghost* layers (a norm sampler and a clipped-sum rule exist, the cost rule says ghost is cheaper
-  for these shapes, see :mod:`~dptrain.grad_sample.ghost_math`) keep A and G; their per-sample
-  squared norms come from the norm sampler and their clipped sum ``sum_i c_i grad_i`` is one
-  weighted matmul/kernel call (book-keeping, Bu et al. 2023);
-- *instantiate* layers (normalisation layers, convolutions with many positions, layers without
-  rules, layers sharing a parameter with another layer) get their per-sample gradients from their
-  grad sampler at once (G is freed) and the clipped sum is a weighted sum of those.
+- *ghost* layers (a norm sampler exists, the cost rule says ghost is cheaper for these shapes,
+  see :mod:`~dptrain.grad_sample.ghost_math`) keep A and G; their per-sample squared norms come
+  from the norm sampler and their clipped sum ``sum_i c_i grad_i`` is one weighted matmul/kernel
+  call (book-keeping, Bu et al. 2023), or, for a layer with a norm sampler but no clipped-sum rule
+  (a user's own layer), one reweighted backward of that layer (:mod:`~dptrain.grad_sample.ghost_vjp`);
+- *instantiate* layers (normalisation layers, convolutions with many positions, layers without a
+  norm sampler, layers sharing a parameter with another layer) get their per-sample gradients from
+  their grad sampler at once (G is freed) and the clipped sum is a weighted sum of those.
+
+A layer called several times in one pass (weight sharing, recurrent cells) contributes the SUM of
+its uses to each sample's gradient, whose norm has cross terms between the uses: its uses are
+either all kept for one ghost norm (folded by a use merger) or all instantiated and summed before
+the norm is taken, never split between the two.
 
 The choice is made per layer from the actual shapes, logged once per layer (logger
 ``dptrain.grad_sample.ghost``) and exposed by :meth:`GhostClippingModule.layer_strategies`.
@@ -45,6 +51,7 @@ from dptrain.grad_sample.ghost_registry import (
     get_instantiator,
     get_use_merger,
 )
+from dptrain.grad_sample.ghost_vjp import vjp_clipped_sums
 from dptrain.grad_sample.module import LOSS_REDUCTIONS, GradSampleModule, LayerCall, _trainable_direct
 from dptrain.grad_sample.registry import get_grad_sampler, get_norm_sampler
 
@@ -76,15 +83,23 @@ class _GhostEntry:
     """What one ghost layer left from one pass.
 
     Attributes:
-        layer: the layer.
+        call: the layer's first recorded call in the pass (its inputs serve a re-run of the
+            layer, :meth:`GhostClippingModule._entry_sums`).
         uses: ``(activations, backprops)`` per call in the pass (merged lazily into one).
         norms: cached ``{param: Tensor[B_pass]}`` (cleared when a use is added).
     """
 
-    layer: nn.Module
-    name: str
+    call: LayerCall
     uses: list[Use] = field(default_factory=list)
     norms: Optional[dict[nn.Parameter, Tensor]] = None
+
+    @property
+    def layer(self) -> nn.Module:
+        return self.call.layer
+
+    @property
+    def name(self) -> str:
+        return self.call.name
 
 
 class GhostClippingModule(GradSampleModule):
@@ -122,6 +137,7 @@ class GhostClippingModule(GradSampleModule):
         self.strategy = strategy
         self._ghost: dict[tuple[int, int], _GhostEntry] = {}
         self._instantiated: dict[int, dict[nn.Parameter, Tensor]] = {}
+        self._instantiated_uses: set[tuple[int, int]] = set()  # (pass, layer id) instantiated
         self._pass_sizes: dict[int, int] = {}
         self._strategies: dict[str, str] = {}
         self._shared = _layers_sharing_parameters(model)
@@ -164,19 +180,28 @@ class GhostClippingModule(GradSampleModule):
 
     # ------------------------------------------------------------------ per-layer work
     def _on_backprop(self, call: LayerCall, activations: list[Any], backprops: Tensor | tuple[Tensor, ...]) -> None:
-        """Keep A and G (ghost) or instantiate the per-sample gradients now (instantiate)."""
+        """Keep A and G (ghost) or instantiate the per-sample gradients now (instantiate).
+
+        All uses of a layer in one pass take the same path (see the module docstring): a use
+        after an instantiated one is instantiated, and a use that cannot be merged into a ghost
+        entry instantiates that entry's uses too.
+        """
         self._pass_sizes.setdefault(call.pass_id, call.batch_size)  # also the mean's factor
+        if call.batch_size == 0:
+            return  # an empty (Poisson) batch: no sample, nothing to clip
         key = (call.pass_id, id(call.layer))
         entry = self._ghost.get(key)
         if entry is not None and get_use_merger(call.layer) is None:
             self._instantiate_uses(call, self._ghost.pop(key))  # a second use that cannot merge
             entry = None
-        elif entry is None and self._choose(call, activations, backprops) == GHOST:
-            entry = self._ghost[key] = _GhostEntry(call.layer, call.name)
+        elif entry is None and key not in self._instantiated_uses:  # the pass's first use decides
+            if self._choose(call, activations, backprops) == GHOST:
+                entry = self._ghost[key] = _GhostEntry(call)
         if entry is not None:
             entry.uses.append((list(activations), backprops))
             entry.norms = None
         else:
+            self._instantiated_uses.add(key)
             self._add_grads(call.pass_id, self._instantiate(call, activations, backprops))
 
     def _instantiate(self, call: LayerCall, activations: list[Any], backprops: Tensor | tuple) -> dict[nn.Parameter, Tensor]:
@@ -192,7 +217,7 @@ class GhostClippingModule(GradSampleModule):
         capable = (
             isinstance(backprops, Tensor)
             and get_norm_sampler(layer) is not None
-            and get_clipped_sum(layer) is not None
+            and (get_clipped_sum(layer) is not None or get_use_merger(layer) is None)
             and id(layer) not in self._shared
         )
         if not capable or self.strategy == INSTANTIATE:
@@ -211,6 +236,7 @@ class GhostClippingModule(GradSampleModule):
         """Instantiate the stored uses of a ghost entry (its layer is now instantiated)."""
         for activations, backprops in entry.uses:
             self._add_grads(call.pass_id, self._instantiate(call, activations, backprops))
+        self._instantiated_uses.add((call.pass_id, id(call.layer)))
         self._strategies[call.name] = INSTANTIATE
 
     def _add_grads(self, pass_id: int, grads: dict[nn.Parameter, Tensor]) -> None:
@@ -243,6 +269,7 @@ class GhostClippingModule(GradSampleModule):
             if cost is None or sampler is None or cost(entry.layer, activations, backprops):
                 continue
             del self._ghost[key]
+            self._instantiated_uses.add(key)
             self._add_grads(key[0], _trainable_only(entry.layer, sampler(entry.layer, activations, backprops)))
             if self._strategies.get(entry.name) != INSTANTIATE:
                 logger.info("ghost clipping: layer '%s' (%d uses merged) -> instantiate", entry.name, len(entry.uses))
@@ -331,16 +358,33 @@ class GhostClippingModule(GradSampleModule):
         for (pass_id, _), entry in self._ghost.items():
             own = {p: rows(pass_id, weights[p]) for p in entry.layer.parameters(recurse=False) if p in weights}
             if own:
-                activations, backprops = self._merged_use(entry)
-                yield pass_id, get_clipped_sum(entry.layer)(entry.layer, activations, backprops, own)
+                yield pass_id, self._entry_sums(entry, own)
         for pass_id, grads in self._instantiated.items():
             yield pass_id, {p: weighted_sample_sum(g, rows(pass_id, weights[p])) for p, g in grads.items() if p in weights}
+
+    def _entry_sums(self, entry: _GhostEntry, weights: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
+        """``{param: sum_i w_i grad_i}`` of one ghost entry: its layer's clipped-sum rule, else
+        one reweighted backward of the layer re-run on its recorded inputs (one use only)."""
+        rule = get_clipped_sum(entry.layer)
+        if rule is not None:
+            activations, backprops = self._merged_use(entry)
+            return rule(entry.layer, activations, backprops, weights)
+        ((_, backprops),) = entry.uses  # no use merger: one use per pass (else instantiated)
+        call = entry.call
+        self._capture_paused = True  # the re-run must not be recorded as a new call
+        try:
+            return vjp_clipped_sums(
+                call.layer, call.args, call.kwargs, call.out_leaves[0], backprops, weights, self._batch_dim
+            )
+        finally:
+            self._capture_paused = False
 
     def clear_per_sample(self) -> None:
         """Free everything captured (stored A, G, per-sample gradients, norms)."""
         super().clear_per_sample()
         self._ghost.clear()
         self._instantiated.clear()
+        self._instantiated_uses.clear()
         self._pass_sizes.clear()
         self._grad_before.clear()
 

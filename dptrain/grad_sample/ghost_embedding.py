@@ -96,7 +96,8 @@ def _bag_tokens(layer: nn.EmbeddingBag, activations: list[Tensor], batch: int) -
     if layer.mode not in ("sum", "mean"):
         raise UnsupportedModuleError(
             f"EmbeddingBag(mode={layer.mode!r}) has no ghost norm: its gradient depends on which "
-            f"token wins the max per feature. Use mode='sum' or 'mean', or grad_sample_mode='hooks'."
+            f"token wins the max per feature (and no per-sample gradient rule either). Use mode='sum' "
+            f"or 'mean'."
         )
     ids, bags, u = _bags(layer, activations, batch)
     return ids, u, bags

@@ -44,8 +44,11 @@ def _promote(t: Tensor) -> Tensor:
 
 
 def as_sequence(t: Tensor) -> Tensor:
-    """View ``[B, *, f]`` as ``[B, T, f]`` (T = product of the middle dims; 1 for ``[B, f]``)."""
-    return t.reshape(t.shape[0], -1, t.shape[-1])
+    """View ``[B, *, f]`` as ``[B, T, f]`` (T = product of the middle dims; 1 for ``[B, f]``).
+
+    Also for ``B = 0`` (an empty Poisson batch), where ``reshape(B, -1, f)`` is ambiguous.
+    """
+    return t.unsqueeze(1) if t.dim() == 2 else t.flatten(1, -2)
 
 
 def ghost_sq_norms(activations: Tensor, backprops: Tensor) -> Tensor:

@@ -2,8 +2,10 @@
 
 LayerNorm, GroupNorm, InstanceNorm1d/2d/3d and RMSNorm own per-channel affine parameters, so a
 per-sample gradient is ``[B, C]``: forming it (with the layer's grad sampler) is as cheap as any
-ghost trick and keeps nothing larger than the norms themselves. The ghost module therefore always
-instantiates these layers; the norm samplers registered here serve users of the norm-sampler API.
+ghost trick and keeps nothing larger than the norms themselves. Their cost rule therefore always
+prefers instantiation (``strategy="auto"``); the norm samplers registered here serve users of the
+norm-sampler API and ``strategy="ghost"`` (whose clipped sum is then one reweighted backward of
+the layer, :mod:`~dptrain.grad_sample.ghost_vjp`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from torch import Tensor, nn
 
 from dptrain.errors import UnsupportedModuleError
 from dptrain.grad_sample.ghost_math import sq_norms
+from dptrain.grad_sample.ghost_registry import register_ghost_cost
 from dptrain.grad_sample.registry import get_grad_sampler, register_norm_sampler
 
 NORMALIZATION_LAYERS: tuple[type, ...] = (
@@ -36,3 +39,9 @@ def instantiated_norms(layer: nn.Module, activations: list[Tensor], backprops: T
 
 
 register_norm_sampler(*NORMALIZATION_LAYERS)(instantiated_norms)
+
+
+@register_ghost_cost(*NORMALIZATION_LAYERS)
+def normalization_prefers_ghost(layer: nn.Module, activations: list[Tensor], backprops: Tensor) -> bool:
+    """Never: a ``[B, C]`` per-sample gradient is cheaper than keeping A and G for a ghost norm."""
+    return False

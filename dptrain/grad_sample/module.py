@@ -41,7 +41,6 @@ each backward (``Variable._execution_engine.queue_callback``).
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import weakref
 from dataclasses import dataclass, field
@@ -122,37 +121,62 @@ def _use_merger(layer: nn.Module) -> Optional[Callable]:
     return get_use_merger(layer)
 
 
-def _check_batchnorm(model: nn.Module) -> list[str]:
-    """Problems found without dptrain.validation: BatchNorm layers mix the samples of a batch."""
-    return [
-        f"'{name}' ({type(m).__name__}) mixes samples of a batch through its batch statistics; "
-        f"replace it by GroupNorm"
-        for name, m in model.named_modules()
-        if isinstance(m, nn.modules.batchnorm._BatchNorm)
-    ]
-
-
 def _validation_problems(model: nn.Module) -> list[str]:
     """Every reason ``model`` cannot be trained privately, as one line each."""
-    try:
-        validation = importlib.import_module("dptrain.validation")
-    except ModuleNotFoundError as err:
-        if err.name != "dptrain.validation":
-            raise
-        return _check_batchnorm(model)
-    return [f"'{p.path}': {p.problem} (fix: {p.fix})" for p in validation.ModuleValidator.validate(model)]
+    from dptrain.validation import ModuleValidator  # lazy: it imports the DP layers
+
+    return [f"'{p.path or '<model>'}': {p.problem} Fix: {p.fix}" for p in ModuleValidator.validate(model)]
 
 
 def validate_model(model: nn.Module) -> None:
     """Raise UnsupportedModuleError listing every submodule that breaks per-sample gradients."""
     problems = _validation_problems(model)
     if problems:
-        listing = "; ".join(problems)
+        listing = " ".join(problems)
         raise UnsupportedModuleError(
-            f"GradSampleModule(model) cannot compute per-sample gradients for this model: {listing}. "
+            f"GradSampleModule(model) cannot compute per-sample gradients for this model: {listing} "
             f"Call `model = dptrain.ModuleValidator.fix(model)` before wrapping it (it replaces "
             f"such submodules by private equivalents and carries the weights over)."
         )
+
+
+def _checked_grad_sample(call: LayerCall, param: nn.Parameter, grad_sample: Tensor) -> Tensor:
+    """``grad_sample`` in ``param``'s dtype, after checking it is ``[B, *param.shape]``."""
+    expected = (call.batch_size, *param.shape)
+    if tuple(grad_sample.shape) != expected:
+        kind = type(call.layer).__name__
+        raise UnsupportedModuleError(
+            f"The grad sampler of submodule '{call.name}' ({kind}) returned a per-sample gradient "
+            f"of shape {tuple(grad_sample.shape)} for a parameter of shape {tuple(param.shape)}; "
+            f"expected {expected} ([B, *param.shape] with B = {call.batch_size}). Fix the function "
+            f"registered with @dptrain.register_grad_sampler({kind})."
+        )
+    return grad_sample.to(param.dtype)
+
+
+def check_dp_layer_layouts(model: nn.Module, batch_first: bool) -> None:
+    """Raise ConfigError if a trainable DP layer's ``batch_first`` differs from the wrapper's.
+
+    A DP recurrent or attention layer feeds its Linear pieces tensors in its own layout, so the
+    wrapper must look for the batch there too. Caught at runtime only when the two layouts' sizes
+    differ, and silently wrong when, say, an attention layer's sequence length equals the batch
+    size: hence this check at wrap time.
+    """
+    from dptrain.layers import DPMultiheadAttention, DPRNNBase  # lazy: the layers import the registry
+
+    for name, layer in model.named_modules():
+        if not isinstance(layer, (DPRNNBase, DPMultiheadAttention)) or layer.batch_first == batch_first:
+            continue
+        if any(p.requires_grad for p in layer.parameters()):
+            raise ConfigError(
+                f"Submodule '{name or '<model>'}' ({type(layer).__name__}) has "
+                f"batch_first={layer.batch_first}, but GradSampleModule(batch_first={batch_first}) "
+                f"looks for the batch at dim {0 if batch_first else 1} of every layer's tensors; "
+                f"per-sample gradients would mix samples with positions. Use "
+                f"GradSampleModule(model, batch_first={layer.batch_first}) (make_private(..., "
+                f"batch_first={layer.batch_first})), or build the layer with "
+                f"batch_first={batch_first}."
+            )
 
 
 @functools.lru_cache(maxsize=None)
@@ -194,7 +218,8 @@ class GradSampleModule(nn.Module):
     Args:
         model: any ``nn.Module`` that validates (see :class:`dptrain.ModuleValidator`).
         batch_first: True if the batch is dim 0 of every layer's inputs and outputs, False if it
-            is dim 1 (sequence-first models).
+            is dim 1 (sequence-first models); must equal the ``batch_first`` of every trainable DP
+            recurrent/attention layer (checked here).
         loss_reduction: ``"mean"`` if the loss averages over the batch (the 1/B is undone so that
             ``p.grad_sample[b]`` is the gradient of sample b's own loss) or ``"sum"``.
 
@@ -217,6 +242,7 @@ class GradSampleModule(nn.Module):
                 "remove_hooks() on the previous wrapper first."
             )
         validate_model(model)
+        check_dp_layer_layouts(model, batch_first)
         self._module = model
         self.batch_first = batch_first
         self.loss_reduction = loss_reduction
@@ -431,13 +457,27 @@ class GradSampleModule(nn.Module):
             backprops = [g * call.batch_size for g in backprops]
         inputs = positional_inputs(call.layer, call.args, call.kwargs)
         activations = [a.movedim(dim, 0) if isinstance(a, Tensor) and a.dim() > dim else a for a in inputs]
-        if len(backprops) > 1 or call.group.expected == 1 or _use_merger(call.layer) is None:
+        if not self._merges_uses(call, len(backprops)):
             self._on_backprop(call, activations, backprops[0] if len(backprops) == 1 else tuple(backprops))
             return
         call.group.pending.append((activations, backprops[0]))
         self._open_groups[id(call.group)] = call
         if len(call.group.pending) == call.group.expected:
             self._flush_group(call)
+
+    @staticmethod
+    def _merges_uses(call: LayerCall, num_outputs: int) -> bool:
+        """Whether this use waits to be folded with the layer's other uses in the pass.
+
+        Only single-output layers used several times with a non-empty batch and a use merger do
+        (an empty batch has nothing to merge: each use goes straight to :meth:`_on_backprop`).
+        """
+        return (
+            num_outputs == 1
+            and call.group.expected > 1
+            and call.batch_size > 0
+            and _use_merger(call.layer) is not None
+        )
 
     def _flush_group(self, call: LayerCall) -> None:
         """Fold the pending uses of ``call``'s group into one and run :meth:`_on_backprop` on it."""
@@ -475,14 +515,21 @@ class GradSampleModule(nn.Module):
     def _per_sample_grads(
         self, call: LayerCall, activations: list[Any], backprops: Tensor | tuple[Tensor, ...]
     ) -> dict[nn.Parameter, Tensor]:
-        """``{param: Tensor[B, *param.shape]}`` for the layer's trainable own parameters."""
+        """``{param: Tensor[B, *param.shape]}`` for the layer's trainable own parameters.
+
+        In the parameter's dtype: under autocast the backprops are half precision, but clipping
+        must weigh and sum the per-sample gradients in the parameter's precision.
+        """
         trainable = _trainable_direct(call.layer)
+        if call.batch_size == 0:  # an empty (Poisson) batch: no sample, nothing to compute
+            return {p: p.new_zeros((0, *p.shape)) for p in trainable}
         sampler = get_grad_sampler(call.layer)
         if sampler is not None and isinstance(backprops, Tensor):
             grads = sampler(call.layer, activations, backprops)
         else:
             grads = self._fallback_grads(call, backprops)
-        return {p: g for p, g in grads.items() if any(p is t for t in trainable)}
+        own = [(p, g) for p, g in grads.items() if any(p is t for t in trainable)]
+        return {p: _checked_grad_sample(call, p, g) for p, g in own}
 
     def _fallback_grads(self, call: LayerCall, backprops: Tensor | tuple[Tensor, ...]) -> dict[nn.Parameter, Tensor]:
         """Per-sample gradients by ``torch.func`` for a layer without a registered sampler."""
@@ -490,7 +537,7 @@ class GradSampleModule(nn.Module):
         self._capture_paused = True
         try:
             return functorch_grad_samples(
-                call.layer, call.args, call.kwargs, grads, call.out_leaves, self._batch_dim
+                call.layer, call.args, call.kwargs, grads, call.out_leaves, self._batch_dim, call.name
             )
         finally:
             self._capture_paused = False

@@ -103,9 +103,4 @@ def _ensure_builtin_samplers() -> None:
         return
     _BUILTINS_LOADED = True
     import dptrain.grad_sample  # noqa: F401  (registers linear/conv/embedding/norm samplers)
-
-    try:
-        import dptrain.layers  # noqa: F401  (registers the DP layers' samplers)
-    except ModuleNotFoundError as err:
-        if err.name != "dptrain.layers":
-            raise
+    import dptrain.layers  # noqa: F401  (registers the DP layers' samplers)

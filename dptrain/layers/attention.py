@@ -208,7 +208,8 @@ class DPMultiheadAttention(TorchStateDictMixin):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Scaled dot-product attention per sample and head.
 
-        Returns the context ``[B, L, E]`` and the post-softmax weights ``[B, H, L, S']``.
+        Returns the context ``[B, L, E]`` and the weights it used ``[B, H, L, S']``: post-softmax,
+        after attention dropout in training mode (what ``nn.MultiheadAttention`` returns).
         """
         scores = (q * (1.0 / math.sqrt(self.head_dim))) @ k.transpose(-2, -1)
         if mask is not None:
@@ -220,7 +221,7 @@ class DPMultiheadAttention(TorchStateDictMixin):
             else weights
         )
         context = (dropped @ v).transpose(1, 2)  # [B, L, H, hd]
-        return context.reshape(context.shape[0], context.shape[1], self.embed_dim), weights
+        return context.reshape(context.shape[0], context.shape[1], self.embed_dim), dropped
 
     def _merged_mask(
         self,

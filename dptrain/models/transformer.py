@@ -29,6 +29,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.n_head = n_head
+        self.head_size = n_embd // n_head
         self.dropout = dropout
         self.qkv = nn.Linear(n_embd, 3 * n_embd)
         self.proj = nn.Linear(n_embd, n_embd)
@@ -37,10 +38,12 @@ class CausalSelfAttention(nn.Module):
         """``[B, T, C]`` -> ``[B, T, C]``; position t attends to positions <= t only."""
         batch, steps, channels = x.shape
         q, k, v = self.qkv(x).split(channels, dim=2)
-        heads = [t.view(batch, steps, self.n_head, -1).transpose(1, 2) for t in (q, k, v)]
+        # An explicit head size (not -1): a view cannot infer a dimension of an empty batch.
+        heads = [t.view(batch, steps, self.n_head, self.head_size).transpose(1, 2)
+                 for t in (q, k, v)]
         y = F.scaled_dot_product_attention(
             *heads, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )  # [B, n_head, T, C / n_head]
+        )  # [B, n_head, T, head_size]
         return self.proj(y.transpose(1, 2).reshape(batch, steps, channels))
 
 

@@ -58,3 +58,20 @@ def test_wrong_sampler_fails_the_first_backward_of_a_wrapped_model(doubled_sampl
     gsm = dptrain.GradSampleModule(DoubledLinear(3, 2, dtype=F64))
     with pytest.raises(UnsupportedModuleError, match=r"\['weight'\] do not add up.*custom sampler"):
         gsm(torch.randn(4, 3, dtype=F64)).sum().backward()
+
+
+def _summed_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits, target, reduction="sum")
+
+
+def test_check_of_a_plain_summing_function_takes_the_loss_reduction_argument() -> None:
+    model = nn.Linear(3, 2, dtype=F64)
+    x, y = torch.randn(4, 3, dtype=F64), torch.tensor([0, 1, 1, 0])
+    errors = dptrain.check_per_sample_gradients(model, x, y, _summed_cross_entropy, loss_reduction="sum")
+    assert max(errors.values()) < 1e-12
+
+
+def test_check_refuses_a_loss_that_does_not_reduce_to_a_scalar() -> None:
+    with pytest.raises(ConfigError, match=r"loss_fn.reduction is 'none'.*'mean' or 'sum'"):
+        model, x, y = nn.Linear(3, 2), torch.randn(4, 3), torch.tensor([0, 1, 1, 0])
+        dptrain.check_per_sample_gradients(model, x, y, nn.CrossEntropyLoss(reduction="none"))

@@ -56,3 +56,19 @@ def test_conv_inside_a_cnn_with_mean_reduced_cross_entropy() -> None:
     ).double()
     x, y = torch.randn(4, 1, 6, 6, dtype=F64), torch.tensor([0, 2, 1, 2])
     assert_per_sample_exact(model, x, y, nn.CrossEntropyLoss())
+
+
+CONV_DIMS = {1: (nn.Conv1d, (2, 2, 9)), 2: (nn.Conv2d, (2, 2, 6, 7)), 3: (nn.Conv3d, (2, 2, 5, 4, 5))}
+
+
+@pytest.mark.parametrize("padding_mode", ["zeros", "reflect", "replicate", "circular"])
+@pytest.mark.parametrize("dims", CONV_DIMS, ids=lambda d: f"conv{d}d")
+def test_every_padding_mode_in_every_dimension_with_stride_and_dilation(
+    dims, padding_mode, random_targets
+) -> None:
+    cls, shape = CONV_DIMS[dims]
+    layer = cls(
+        2, 4, kernel_size=3, stride=2, padding=2, dilation=2, groups=2, padding_mode=padding_mode, dtype=F64
+    )
+    x = torch.randn(shape, dtype=F64)
+    assert_per_sample_exact(layer, x, random_targets(layer, x))

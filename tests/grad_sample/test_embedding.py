@@ -68,3 +68,36 @@ def test_embedding_with_max_norm_is_refused() -> None:
     gsm = dptrain.GradSampleModule(layer)
     with pytest.raises(UnsupportedModuleError, match="max_norm"):
         gsm(torch.tensor([[1, 2]])).sum().backward()
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize(
+    ("offsets", "include_last_offset"),
+    [([0, 3, 3], False), ([0, 0, 3], False), ([0, 3, 7], False), ([0, 3, 7, 7], True)],
+    ids=["empty_middle_bag", "empty_first_bag", "empty_last_bag", "empty_last_bag_include_last"],
+)
+def test_embedding_bag_with_empty_bags_matches_each_bag_alone(mode, offsets, include_last_offset) -> None:
+    layer = nn.EmbeddingBag(7, 3, mode=mode, include_last_offset=include_last_offset, dtype=F64)
+    flat = torch.tensor([1, 2, 1, 3, 6, 5, 4])
+    batch = len(offsets) - int(include_last_offset)
+    bounds = [*offsets[: batch + 1], len(flat)][: batch + 1]
+    g = torch.randn(batch, 3, dtype=F64)
+    gsm = dptrain.GradSampleModule(layer, loss_reduction="sum")
+    (gsm(flat, torch.tensor(offsets)) * g).sum().backward()
+    gsm.remove_hooks()
+    for b in range(batch):
+        ids = flat[bounds[b] : bounds[b + 1]]
+        bag_offsets = torch.tensor([0, len(ids)] if include_last_offset else [0])
+        (expected,) = torch.autograd.grad((layer(ids, bag_offsets) * g[b]).sum(), layer.weight)
+        torch.testing.assert_close(layer.weight.grad_sample[b], expected, rtol=0, atol=1e-12)
+
+
+def test_sparse_embedding_gets_exact_per_sample_gradients() -> None:
+    layer = nn.Embedding(6, 3, sparse=True, dtype=F64)
+    idx, g = torch.tensor([[1, 2, 2], [0, 5, 1]]), torch.randn(2, 3, 3, dtype=F64)
+    gsm = dptrain.GradSampleModule(layer, loss_reduction="sum")
+    (gsm(idx) * g).sum().backward()  # autograd's .grad is sparse; the sum audit densifies it
+    gsm.remove_hooks()
+    for b in range(2):
+        (expected,) = torch.autograd.grad((layer(idx[b : b + 1]) * g[b]).sum(), layer.weight)
+        torch.testing.assert_close(layer.weight.grad_sample[b], expected.to_dense(), rtol=0, atol=1e-12)

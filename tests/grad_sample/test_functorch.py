@@ -1,9 +1,11 @@
 """The torch.func fallback for layers that own parameters but have no registered sampler."""
 
+import pytest
 import torch
 from torch import nn
 
 import dptrain
+from dptrain.errors import UnsupportedModuleError
 from dptrain.grad_sample.registry import get_grad_sampler
 from tests.grad_sample.conftest import assert_per_sample_exact
 
@@ -99,3 +101,29 @@ def test_fallback_in_sequence_first_layout(random_targets) -> None:
 
     loss.reduction = "sum"
     assert_per_sample_exact(model, x, targets, loss, batch_first=False)
+
+
+class NoisyPositions(nn.Module):
+    """Owns ``pos`` directly and applies dropout in its own forward (a ViT-like root module)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = nn.Parameter(torch.randn(2, 3, dtype=F64))
+        self.fc = nn.Linear(3, 3, dtype=F64)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc(x) + self.pos)
+
+
+def test_fallback_refuses_a_forward_with_randomness_naming_the_module_and_the_fix() -> None:
+    gsm = dptrain.GradSampleModule(NoisyPositions())
+    with pytest.raises(UnsupportedModuleError, match=r"model itself \(NoisyPositions\).*random.*own"):
+        gsm(torch.randn(4, 2, 3, dtype=F64)).sum().backward()
+
+
+def test_fallback_of_a_forward_with_randomness_is_exact_in_eval_of_its_dropout(random_targets) -> None:
+    model = NoisyPositions()
+    model.drop.eval()
+    x = torch.randn(4, 2, 3, dtype=F64)
+    assert_per_sample_exact(model, x, random_targets(model, x))

@@ -7,7 +7,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from dptrain.errors import UnsupportedModuleError
 from dptrain.grad_sample.check import microbatch_grad_samples
+from dptrain.grad_sample.ghost import GhostClippingModule
 from dptrain.grad_sample.ghost_conv import conv_clipped_sum, conv_norms, conv_per_sample_grads, conv_weight_sq_norms
 from dptrain.grad_sample.ghost_embedding import embedding_clipped_sum, embedding_norms
 from dptrain.grad_sample.registry import get_norm_sampler
@@ -172,7 +174,7 @@ def test_layer_clipped_sums_equal_hooks_mode(name, regime) -> None:
 
 
 @pytest.mark.parametrize("strategy", ["ghost", "instantiate"])
-@pytest.mark.parametrize("name", ["linear_sequence", "conv2d", "embedding"])
+@pytest.mark.parametrize("name", ["linear_sequence", "conv2d", "embedding", "layer_norm", "group_norm", "rms_norm"])
 def test_forced_strategy_gives_the_same_clipped_sums(name, strategy) -> None:
     make, inputs = LAYERS[name]
     assert_ghost_matches_hooks(_randomized(make()), inputs(), "mixed", strategy=strategy)
@@ -208,3 +210,10 @@ def test_embedding_bag_with_offsets_weights_and_padding_equals_hooks_mode(mode, 
     ids = torch.tensor([[1, 0, 1, 2], [3, 3, 0, 0], [4, 5, 6, 7], [0, 8, 8, 1]])
     inputs = (ids, torch.rand(4, 4, dtype=F64))
     assert_ghost_matches_hooks(_FlatBags(mode, padding_idx=0), inputs, regime)
+
+
+def test_embedding_bag_in_max_mode_is_refused_naming_the_supported_modes() -> None:
+    ghost = GhostClippingModule(nn.EmbeddingBag(9, 3, mode="max"), strategy="ghost")
+    ghost(torch.randint(0, 9, (4, 3))).sum().backward()
+    with pytest.raises(UnsupportedModuleError, match="mode='max'.*Use mode='sum' or 'mean'"):
+        ghost.squared_norms()

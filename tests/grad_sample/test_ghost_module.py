@@ -159,6 +159,37 @@ def test_layers_used_twice_and_tied_weights_equal_hooks_mode(regime) -> None:
     assert ghost.layer_strategies() == {"emb": "instantiate", "conv": "instantiate", "lin": "ghost", "head": "instantiate"}
 
 
+class ConvAtTwoScales(nn.Module):
+    """One Conv2d applied to a 1x1 summary and then to the 12x12 input: backward meets the
+    many-position use (instantiation is cheaper) before the single-position one (ghost is)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        summary = self.conv(nn.functional.adaptive_avg_pool2d(x, 1)).flatten(1)
+        return summary + self.conv(x).mean(dim=(2, 3))
+
+
+@pytest.mark.parametrize("regime", REGIMES)
+def test_uses_of_one_layer_whose_shapes_favour_different_strategies_are_clipped_together(regime) -> None:
+    # the norm of the summed uses has cross terms: both uses must be instantiated and added
+    ghost = assert_ghost_matches_hooks(ConvAtTwoScales().double(), (torch.randn(4, 2, 12, 12, dtype=F64),), regime)
+    assert ghost.layer_strategies() == {"conv": "instantiate"}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_an_empty_batch_captures_no_sample(name) -> None:
+    model, x, _ = _cross_entropy_case(name)
+    ghost = GhostClippingModule(model)
+    ghost(*(t[:0] for t in x)).sum().backward()
+    assert ghost.per_sample_batch_size() == 0
+    assert all(n.shape == (0,) for n in ghost.squared_norms().values())
+    sums = ghost.weighted_sum({p: torch.ones(0, dtype=F64) for p in ghost.parameters()})
+    assert all(not s.any() for s in sums.values())
+
+
 def test_bf16_autocast_norms_are_float32_and_close_to_float32_hooks() -> None:
     model, x, y = _cross_entropy_case("transformer_encoder")
     model = model.float()

@@ -69,7 +69,7 @@ def _assert_same_parameters(a: nn.Module, b: nn.Module) -> None:
 
 
 @NOISELESS
-@pytest.mark.parametrize("clipping", ["flat", "per_layer"])
+@pytest.mark.parametrize("clipping", ["flat", "per_layer", "adaptive"])
 def test_noiseless_training_equals_hooks_mode(clipping) -> None:
     hooks, _ = _train("hooks", steps=3, noise_multiplier=0.0, clipping=clipping)
     ghost, _ = _train("ghost", steps=3, noise_multiplier=0.0, clipping=clipping)

@@ -7,6 +7,7 @@ from torch import nn
 import dptrain
 from dptrain.errors import ConfigError, UnsupportedModuleError
 from dptrain.grad_sample.check import microbatch_grad_samples
+from dptrain.layers import DPLSTM
 from tests.grad_sample.conftest import assert_per_sample_exact, sum_of_outputs
 
 F64 = torch.float64
@@ -305,3 +306,83 @@ def test_uses_of_a_linear_in_one_pass_reach_the_sampler_as_one_merged_call(monke
     targets = torch.randn(4, 3, dtype=F64)
     assert_per_sample_exact(model, x, targets)
     assert seen == [(4, 3, 3)]  # one call: B=4, the 3 uses concatenated, 3 features
+
+
+EMPTY_BATCH_LAYERS = {
+    "linear": (lambda: nn.Linear(3, 2, dtype=F64), torch.randn(0, 3, dtype=F64)),
+    "conv2d_reflect": (
+        lambda: nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect", dtype=F64),
+        torch.randn(0, 2, 5, 5, dtype=F64),
+    ),
+    "embedding": (lambda: nn.Embedding(5, 2, dtype=F64), torch.zeros(0, 3, dtype=torch.long)),
+    "embedding_bag": (lambda: nn.EmbeddingBag(5, 2, dtype=F64), torch.zeros(0, 3, dtype=torch.long)),
+    "layer_norm": (lambda: nn.LayerNorm(3, dtype=F64), torch.randn(0, 4, 3, dtype=F64)),
+    "dp_lstm": (lambda: DPLSTM(3, 2, batch_first=True, dtype=F64), torch.randn(0, 4, 3, dtype=F64)),
+}
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean"])
+@pytest.mark.parametrize("name", EMPTY_BATCH_LAYERS)
+def test_empty_batch_gives_zero_rows_of_per_sample_gradients(name, reduction) -> None:
+    """Poisson sampling yields empty batches; the unchanged training loop still runs them."""
+    make, x = EMPTY_BATCH_LAYERS[name]
+    layer = make()
+    gsm = dptrain.GradSampleModule(layer, loss_reduction=reduction)
+    out = gsm(x)
+    out = out[0] if isinstance(out, tuple) else out
+    (out.sum() if reduction == "sum" else out.mean()).backward()
+    assert gsm.per_sample_batch_size() == 0
+    for _, p in gsm.trainable_parameters():
+        assert p.grad_sample.shape == (0, *p.shape)
+
+
+def test_empty_pass_between_two_passes_adds_no_row() -> None:
+    model = mlp()
+    xs = [torch.randn(3, 4, dtype=F64), torch.zeros(0, 4, dtype=F64), torch.randn(2, 4, dtype=F64)]
+    ts = [torch.randn(len(x), 2, dtype=F64) for x in xs]
+    expected = microbatch_grad_samples(model, torch.cat(xs), torch.cat(ts), sum_of_outputs)
+    gsm = dptrain.GradSampleModule(model, loss_reduction="sum")
+    for x, t in zip(xs, ts):
+        sum_of_outputs(gsm(x), t).backward()
+    assert gsm.per_sample_batch_size() == 5
+    for name, p in gsm.trainable_parameters():
+        torch.testing.assert_close(p.grad_sample, expected[name])
+
+
+def test_frozen_layer_is_neither_captured_nor_sampled(monkeypatch) -> None:
+    from dptrain.grad_sample import registry
+    from dptrain.grad_sample.linear import linear_grad_sample
+
+    class SpiedLinear(nn.Linear):
+        pass
+
+    monkeypatch.setattr(registry, "GRAD_SAMPLERS", dict(registry.GRAD_SAMPLERS))
+    sampled = []
+
+    @registry.register_grad_sampler(SpiedLinear)
+    def spied(layer, activations, backprops):
+        sampled.append(layer)
+        return linear_grad_sample(layer, activations, backprops)
+
+    model = nn.Sequential(SpiedLinear(4, 3), nn.Tanh(), SpiedLinear(3, 2)).double()
+    model[0].requires_grad_(False)
+    gsm = dptrain.GradSampleModule(model)
+    captured = []  # every forward call the wrapper records (it checks each one's batch size)
+    record_call = gsm._check_output_batch
+
+    def spy_capture(name, outputs):
+        captured.append(name)
+        return record_call(name, outputs)
+
+    monkeypatch.setattr(gsm, "_check_output_batch", spy_capture)
+    gsm(torch.randn(3, 4, dtype=F64)).sum().backward()
+    assert captured == ["2"] and sampled == [model[2]]
+
+
+def test_grad_sample_under_bf16_autocast_is_in_the_parameter_dtype() -> None:
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(8, 3), nn.LayerNorm(3))
+    gsm = dptrain.GradSampleModule(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = gsm(torch.randn(4, 1, 4, 4))
+    out.float().pow(2).mean().backward()
+    assert {p.grad_sample.dtype for p in model.parameters()} == {torch.float32}

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 import dptrain
+from dptrain.errors import UnsupportedModuleError
 from dptrain.grad_sample import registry
 from dptrain.grad_sample.registry import get_grad_sampler, get_norm_sampler, register_grad_sampler
 
@@ -81,3 +82,13 @@ def test_registering_a_non_module_type_is_refused() -> None:
 
 def test_unregistered_type_has_no_sampler() -> None:
     assert get_grad_sampler(Scale) is None
+
+
+def test_sampler_returning_a_wrong_shape_fails_naming_the_layer_and_the_shapes(clean_registry: None) -> None:
+    @register_grad_sampler(Scale)
+    def summed_over_the_batch(layer, activations, backprops):
+        return {layer.weight: (activations[0] * backprops).sum(0)}  # [D]: the batch was lost
+
+    gsm = dptrain.GradSampleModule(Scale(3), loss_reduction="sum")
+    with pytest.raises(UnsupportedModuleError, match=r"\(Scale\).*shape \(3,\).*expected \(4, 3\)"):
+        gsm(torch.randn(4, 3, dtype=torch.float64)).sum().backward()

@@ -135,6 +135,21 @@ def test_attention_dropout_acts_in_training_only():
     torch.testing.assert_close(evaluation_output, private(*inputs)[0])
 
 
+def test_training_with_dropout_matches_torch_under_the_same_seed_weights_included(
+    load_pair, assert_same
+):
+    """Both draw the dropout mask on the same [B*H, L, S] weights, so one seed gives one mask;
+    like torch, the returned weights are the dropped ones the output was computed with."""
+    reference, private = load_pair(
+        nn.MultiheadAttention, DPMultiheadAttention, EMBED, HEADS, dropout=0.5
+    )
+    inputs = _inputs({})
+    torch.manual_seed(0)
+    expected = reference(*inputs, average_attn_weights=False)
+    torch.manual_seed(0)
+    assert_same(private(*inputs, average_attn_weights=False), expected)
+
+
 def test_bias_k_and_bias_v_read_like_torch_attributes():
     private = DPMultiheadAttention(EMBED, HEADS, add_bias_kv=True)
     assert private.bias_k.shape == (1, 1, EMBED) and private.bias_v.shape == (1, 1, EMBED)

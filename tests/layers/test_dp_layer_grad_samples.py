@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from dptrain.errors import UnsupportedModuleError
+from dptrain.errors import ConfigError
 from dptrain.grad_sample.check import microbatch_grad_samples, wrapped_grad_samples
 from dptrain.grad_sample.module import GradSampleModule
 from dptrain.grad_sample.registry import get_grad_sampler, get_norm_sampler
@@ -216,11 +216,22 @@ def test_sequence_bias_norm_sampler_gives_the_squared_norms_of_its_grad_samples(
 
 
 @pytest.mark.parametrize("layer_batch_first", [True, False])
-def test_wrapper_with_the_other_batch_first_fails_clearly_instead_of_mixing_samples(
+def test_wrapper_with_the_other_batch_first_is_refused_naming_the_layer_and_the_fix(
     layer_batch_first,
 ):
-    gsm = GradSampleModule(
-        DPGRU(INPUT, HIDDEN, batch_first=layer_batch_first), batch_first=not layer_batch_first
-    )
-    with pytest.raises(UnsupportedModuleError, match="hh_l0.*batch"):
-        gsm(_sequence(layer_batch_first).float())[0].sum().backward()
+    model = nn.Sequential(DPGRU(INPUT, HIDDEN, batch_first=layer_batch_first))
+    expected = rf"'0' \(DPGRU\).*GradSampleModule\(model, batch_first={layer_batch_first}\)"
+    with pytest.raises(ConfigError, match=expected):
+        GradSampleModule(model, batch_first=not layer_batch_first)
+
+
+def test_attention_whose_length_equals_the_batch_size_is_refused_in_the_other_layout():
+    """[L, B, E] with L == B would pass every runtime batch-size check and mix samples."""
+    attention = DPMultiheadAttention(6, 2, batch_first=False, dtype=DT)
+    with pytest.raises(ConfigError, match="DPMultiheadAttention.*batch_first=False"):
+        GradSampleModule(_AttentionFeatures(attention), batch_first=True)
+
+
+def test_frozen_dp_layer_in_the_other_layout_is_accepted():
+    frozen = DPLSTM(INPUT, HIDDEN, batch_first=False).requires_grad_(False)
+    GradSampleModule(nn.Sequential(frozen, nn.Linear(HIDDEN, 2)), batch_first=True)

@@ -138,3 +138,15 @@ def test_get_model_rejects_unknown_arguments_naming_them() -> None:
 def test_digits_mlp_rejects_non_positive_hidden_size() -> None:
     with pytest.raises(ConfigError, match=r"hidden_sizes\[1\]"):
         get_model("digits_mlp", hidden_sizes=(8, 0))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_an_empty_batch_runs_forward_and_backward(name: str) -> None:
+    """Poisson sampling draws empty batches: every model takes B = 0 (zero gradients)."""
+    model = get_model(name, **SMALL[name])
+    spec = input_spec(name, input_length=4, **SMALL[name])
+    x, y = spec.batch(0)
+    out = model(x)
+    assert tuple(out.shape) == (*y.shape, spec.num_classes)
+    nn.functional.cross_entropy(out.flatten(0, -2), y.flatten(), reduction="sum").backward()
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())

@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from dptrain.grad_sample.check import check_per_sample_gradients
 from dptrain.models import MODELS, get_model, input_spec
+from dptrain.validation import ModuleValidator
 from tests.models.small_configs import SMALL
-
-check = pytest.importorskip("dptrain.grad_sample.check")
 
 TOLERANCE = 1e-9
 
@@ -24,7 +24,7 @@ def worst_errors(name: str, **extra: object) -> dict[str, float]:
     kwargs = {**SMALL[name], **extra}
     model = get_model(name, **kwargs).double()
     x, y = input_spec(name, input_length=4, **kwargs).batch(2, dtype=torch.float64)
-    return check.check_per_sample_gradients(model, x, y, token_mean_cross_entropy)
+    return check_per_sample_gradients(model, x, y, token_mean_cross_entropy)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -46,5 +46,4 @@ def test_transformer_tied_head_per_sample_gradients_are_exact() -> None:
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_every_model_passes_the_module_validator(name: str) -> None:
-    validation = pytest.importorskip("dptrain.validation")
-    assert validation.ModuleValidator.validate(get_model(name, **SMALL[name])) == []
+    assert ModuleValidator.validate(get_model(name, **SMALL[name])) == []
