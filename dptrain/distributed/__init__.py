@@ -4,7 +4,9 @@
   rank-strided shard; the union is a Poisson sample of the whole dataset with rate q.
 * `DistributedDPOptimizer`: clipped sums all-reduced across ranks, noise added once (rank 0).
 * `unwrap_ddp`: `make_private` accepts a DistributedDataParallel model.
-* `setup_from_env`, `relaunch_with_torchrun`, `check_same_config`: the `hardware=ddp` CLI glue.
+* `setup_from_env`, `relaunch_with_torchrun`: the `hardware=ddp` CLI glue.
+* `check_same_config`, `check_same_on_every_rank`: every rank trains the same job, or every rank
+  stops with one clear error (the loader and the DP optimizer check their arguments too).
 * `is_main_process`, `get_rank`, `get_world_size`, `barrier`: rank-0-only writes and syncs.
 
 Public names are imported lazily (importing this package does not import torch.distributed).
@@ -20,7 +22,8 @@ _PUBLIC = {
     "unwrap_ddp": "dptrain.distributed.ddp",
     "setup_from_env": "dptrain.distributed.launch",
     "relaunch_with_torchrun": "dptrain.distributed.launch",
-    "check_same_config": "dptrain.distributed.launch",
+    "check_same_config": "dptrain.distributed.consistency",
+    "check_same_on_every_rank": "dptrain.distributed.consistency",
     "is_main_process": "dptrain.distributed.runtime",
     "get_rank": "dptrain.distributed.runtime",
     "get_world_size": "dptrain.distributed.runtime",

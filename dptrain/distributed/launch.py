@@ -6,19 +6,21 @@ Two ways in, same result:
   ...` (multi-node: the same on every node with --nnodes/--node_rank/--rdzv_endpoint, see the
   README section "Distributed training"). Each process reads RANK / WORLD_SIZE / LOCAL_RANK.
 * `dptrain hardware=ddp hardware.nproc_per_node=2 ...` without torchrun: the process re-launches
-  itself through `python -m torch.distributed.run --standalone` with the same overrides and its
-  own run folder (`hydra.run.dir`), waits, and exits with torchrun's status.
+  itself through `python -m torch.distributed.run --standalone` with the same overrides (and,
+  given the parent's Hydra config, its --config-dir / --config-name and hydra.* overrides) and
+  its own run folder (`hydra.run.dir`), waits, and exits with torchrun's status.
+* A multi-task SLURM step (hydra/launcher=slurm): every task reads SLURM_PROCID / SLURM_NTASKS /
+  SLURM_LOCALID instead.
 
 Every rank then joins the process group (gloo on CPU, nccl on CUDA; `hardware.backend`) with a
-timeout (`hardware.timeout_s`) on every collective, so no rank can hang forever, and checks that
-its resolved config hashes equal rank 0's. All checks that can fail on one rank only are made
-before the first collective, or are collective themselves (every rank sees the same outcome).
+timeout (`hardware.timeout_s`) on the rendezvous and every collective, so no rank can hang
+forever, and checks that its resolved config equals rank 0's. Checks that could fail on one rank
+only are made from what every rank shares (config, environment) before the first collective, or
+are collective themselves (every rank sees the same outcome).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -31,13 +33,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dptrain.distributed.runtime import all_gather_objects, broadcast_object
+from dptrain.distributed.consistency import check_same_config
+from dptrain.distributed.runtime import broadcast_object
 from dptrain.errors import ConfigError
 
 BACKENDS = ("auto", "gloo", "nccl")
+#: hardware.device values under hardware=ddp (a fixed cuda:N would put every rank on one GPU).
+DDP_DEVICES = ("auto", "cpu", "cuda")
 #: Environment variables torchrun sets in every worker (their presence means "already launched").
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-MAX_LISTED_KEYS = 5
+#: MASTER_PORT of a SLURM job: base + job id mod span (see `slurm_master_port`).
+MASTER_PORT_BASE, MASTER_PORT_SPAN = 20000, 10000
 
 
 @dataclass(frozen=True)
@@ -49,12 +55,14 @@ class DDPSettings:
         nodes: machines; world size = nodes * nproc_per_node.
         backend: "auto" (nccl when CUDA is available, else gloo), "gloo" or "nccl".
         timeout_s: seconds any rendezvous or collective may wait before every rank fails.
+        device: `hardware.device` (auto, cpu, cuda, cuda:N).
     """
 
     nproc_per_node: int
     nodes: int = 1
     backend: str = "auto"
     timeout_s: float = 300.0
+    device: str = "auto"
 
     @property
     def world_size(self) -> int:
@@ -77,12 +85,17 @@ def ddp_settings(hardware: Mapping[str, Any] | None) -> DDPSettings | None:
         raise ConfigError(f"hardware.backend={backend!r} is not a torch.distributed backend "
                           f"dptrain supports: use one of {list(BACKENDS)} (auto: nccl on CUDA, "
                           "gloo on CPU).")
+    device = str(hardware.get("device", "auto"))
+    if device not in DDP_DEVICES:
+        raise ConfigError(f"hardware.device={device!r} with hardware=ddp: every rank uses its own "
+                          f"device (cuda:LOCAL_RANK), so use one of {list(DDP_DEVICES)} (pick the "
+                          "GPUs with CUDA_VISIBLE_DEVICES).")
     timeout = hardware.get("timeout_s", 300.0)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
         raise ConfigError(f"hardware.timeout_s={timeout!r} must be a number of seconds > 0.")
     return DDPSettings(nproc_per_node=_positive_int(hardware, "nproc_per_node", 1),
                        nodes=_positive_int(hardware, "nodes", 1), backend=backend,
-                       timeout_s=float(timeout))
+                       timeout_s=float(timeout), device=device)
 
 
 def _slurm_tasks(env: Mapping[str, str]) -> int:
@@ -102,29 +115,45 @@ def under_launcher(env: Mapping[str, str] | None = None) -> bool:
 
 def _first_slurm_host(nodelist: str) -> str:
     """The first host name of a SLURM node list ("gpu[01-04],cpu7" -> "gpu01"), by scontrol."""
+    fix = ("export MASTER_ADDR (the first node's host name) in the job's setup "
+           "(hydra.launcher.setup).")
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
-                             capture_output=True, text=True, timeout=30).stdout.split()
+        hosts = subprocess.run(["scontrol", "show", "hostnames", nodelist], check=True,
+                               capture_output=True, text=True, timeout=30).stdout.split()
     except (OSError, subprocess.SubprocessError) as error:
         raise ConfigError(f"cannot find the master host of SLURM_JOB_NODELIST={nodelist!r} "
-                          f"({error}): export MASTER_ADDR (the first node's host name) in the "
-                          "job's setup (hydra.launcher.setup).") from error
-    return out[0]
+                          f"({error}): {fix}") from error
+    if not hosts:
+        raise ConfigError(f"SLURM_JOB_NODELIST={nodelist!r} names no host: {fix}")
+    return hosts[0]
+
+
+def slurm_master_port(env: Mapping[str, str]) -> str:
+    """MASTER_PORT for a SLURM job: MASTER_PORT_BASE + SLURM_JOB_ID mod MASTER_PORT_SPAN.
+
+    Derived from the job id (the same on every task of the job) so that two jobs sharing a node
+    do not both try to listen on one port; below the Linux ephemeral range (32768+).
+    """
+    try:
+        job = int(env.get("SLURM_JOB_ID", "0"))
+    except ValueError:
+        job = 0
+    return str(MASTER_PORT_BASE + job % MASTER_PORT_SPAN)
 
 
 def launcher_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT of this process.
 
     torchrun's variables when set; otherwise SLURM's (SLURM_PROCID, SLURM_NTASKS,
-    SLURM_LOCALID; MASTER_ADDR from the node list unless exported; MASTER_PORT 29500 unless
-    exported).
+    SLURM_LOCALID; MASTER_ADDR the first host of the node list and MASTER_PORT
+    `slurm_master_port`, unless exported).
     """
     env = dict(os.environ if env is None else env)
     if all(name in env for name in LAUNCHER_ENV) or _slurm_tasks(env) <= 1:
         return env
     env.update(RANK=env["SLURM_PROCID"], WORLD_SIZE=env["SLURM_NTASKS"],
                LOCAL_RANK=env.get("SLURM_LOCALID", "0"))
-    env.setdefault("MASTER_PORT", "29500")
+    env.setdefault("MASTER_PORT", slurm_master_port(env))
     if "MASTER_ADDR" not in env:
         env["MASTER_ADDR"] = _first_slurm_host(env.get("SLURM_JOB_NODELIST", ""))
     return env
@@ -157,8 +186,15 @@ def _launcher_int(env: Mapping[str, str], name: str) -> int:
                           "training'), which sets RANK, WORLD_SIZE and LOCAL_RANK.") from error
 
 
-def check_world_size(world_size: int, settings: DDPSettings) -> None:
-    """ConfigError unless WORLD_SIZE == hardware.nodes * hardware.nproc_per_node."""
+def check_world_size(world_size: int, settings: DDPSettings,
+                     local_world_size: int | None = None) -> None:
+    """ConfigError unless WORLD_SIZE == hardware.nodes * hardware.nproc_per_node and (when the
+    launcher says, torchrun's LOCAL_WORLD_SIZE) the processes on this node == nproc_per_node."""
+    if local_world_size is not None and local_world_size != settings.nproc_per_node:
+        raise ConfigError(
+            f"torchrun started LOCAL_WORLD_SIZE={local_world_size} processes on this node but "
+            f"hardware.nproc_per_node={settings.nproc_per_node}: set hardware.nproc_per_node to "
+            "torchrun's --nproc_per_node (and hardware.nodes to its --nnodes).")
     if world_size != settings.world_size:
         raise ConfigError(
             f"torchrun started WORLD_SIZE={world_size} processes but hardware.nodes="
@@ -168,12 +204,55 @@ def check_world_size(world_size: int, settings: DDPSettings) -> None:
             "--nproc_per_node and --nnodes.")
 
 
-def setup_from_env(settings: DDPSettings, env: Mapping[str, str] | None = None) -> tuple[int, int]:
-    """Join the process group from torchrun's environment; returns (rank, world_size).
+def check_gpus(settings: DDPSettings, backend: str, device_count: int | None = None) -> None:
+    """ConfigError when nccl gets more processes per node than the node has visible GPUs.
 
-    Selects the backend (`resolve_backend`), checks the world size against the config, sets the
-    CUDA device to LOCAL_RANK for nccl and calls init_process_group(timeout=hardware.timeout_s).
-    A no-op (returning the current rank and size) when the group already exists.
+    nccl needs one GPU per process; checked from the config alone, so every rank of the node
+    fails at once, before any rendezvous.
+    """
+    count = torch.cuda.device_count() if device_count is None else device_count
+    if backend == "nccl" and settings.nproc_per_node > count:
+        raise ConfigError(
+            f"hardware.nproc_per_node={settings.nproc_per_node} processes per node but only "
+            f"{count} CUDA GPU(s) are visible: nccl needs one GPU per process. Set "
+            f"hardware.nproc_per_node={count} (and torchrun's --nproc_per_node), or use "
+            "hardware.backend=gloo.")
+
+
+def _select_device(local_rank: int, backend: str, device: str) -> None:
+    """Make cuda:LOCAL_RANK the current CUDA device (what `hardware.device=auto|cuda` then uses).
+
+    Required for nccl; with gloo and a CUDA model it spreads the ranks over the GPUs instead of
+    stacking them all on cuda:0 (left alone with fewer GPUs than local ranks, or on the CPU)."""
+    cuda_model = device in ("auto", "cuda") and torch.cuda.is_available()
+    if backend == "nccl" or (cuda_model and local_rank < torch.cuda.device_count()):
+        torch.cuda.set_device(local_rank)
+
+
+def _init_process_group(backend: str, rank: int, world: int, settings: DDPSettings) -> None:
+    """init_process_group(env://) with the config's timeout; a rendezvous that does not complete
+    (a rank that failed before joining, an unreachable master) becomes a ConfigError."""
+    try:
+        dist.init_process_group(backend=backend, init_method="env://", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=settings.timeout_s))
+    except (RuntimeError, TimeoutError) as error:  # DistStoreError is a RuntimeError
+        address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        raise ConfigError(
+            f"rank {rank} of {world} could not join the process group at {address} within "
+            f"hardware.timeout_s={settings.timeout_s:g} s ({' '.join(str(error).split())}). "
+            "Another rank probably stopped before joining (see its error), or the nodes cannot "
+            "reach MASTER_ADDR:MASTER_PORT (check the rendezvous endpoint and the firewall).") \
+            from error
+
+
+def setup_from_env(settings: DDPSettings, env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """Join the process group from torchrun's (or SLURM's) environment; returns (rank, world).
+
+    Before any rendezvous (so a failure is the same on every rank): checks the world size
+    against the config, selects the backend (`resolve_backend`) and checks the GPUs
+    (`check_gpus`). Then selects cuda:LOCAL_RANK and calls init_process_group with the timeout
+    hardware.timeout_s, which then bounds every collective too. A no-op (returning the current
+    rank and size) when the group already exists.
     """
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -184,62 +263,38 @@ def setup_from_env(settings: DDPSettings, env: Mapping[str, str] | None = None) 
                           "(it starts torchrun itself) or `torchrun --nproc_per_node=N -m "
                           "dptrain.cli.main hardware=ddp ...`.")
     rank, world, local = (_launcher_int(env, name) for name in LAUNCHER_ENV)
-    check_world_size(world, settings)
+    local_world = _launcher_int(env, "LOCAL_WORLD_SIZE") if "LOCAL_WORLD_SIZE" in env else None
+    check_world_size(world, settings, local_world)
     backend = resolve_backend(settings.backend)
-    if backend == "nccl":
-        torch.cuda.set_device(local)
+    check_gpus(settings, backend)
+    _select_device(local, backend, settings.device)
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         if name in env:
             os.environ[name] = env[name]
-    dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=settings.timeout_s))
+    _init_process_group(backend, rank, world, settings)
     return rank, world
 
 
-def config_digest(config: Mapping[str, Any]) -> str:
-    """SHA-256 (hex) of the canonical JSON of a resolved config."""
-    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode("utf-8")).hexdigest()
-
-
-def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, Mapping) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def _differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    fa, fb = _flatten(a), _flatten(b)
-    return sorted(k for k in set(fa) | set(fb) if fa.get(k, "<missing>") != fb.get(k, "<missing>"))
-
-
-def check_same_config(config: Mapping[str, Any], group: Any = None) -> None:
-    """ConfigError on EVERY rank unless every rank's resolved config equals rank 0's.
-
-    One all_gather of (digest, config); the message names the ranks and the differing keys.
-    """
-    gathered = all_gather_objects((config_digest(config), dict(config)), group=group)
-    reference_digest, reference = gathered[0]
-    bad = [(rank, cfg) for rank, (digest, cfg) in enumerate(gathered) if digest != reference_digest]
-    if not bad:
-        return
-    keys = sorted({k for _, cfg in bad for k in _differing_keys(reference, cfg)})
-    shown = ", ".join(keys[:MAX_LISTED_KEYS]) + (", ..." if len(keys) > MAX_LISTED_KEYS else "")
-    raise ConfigError(
-        f"the config of rank(s) {[rank for rank, _ in bad]} differs from rank 0's in {shown}: "
-        "every process of a hardware=ddp run must get the same overrides (same command line and "
-        "config files on every node). Nothing was trained.")
+def check_not_launched_without_ddp(env: Mapping[str, str] | None = None) -> None:
+    """ConfigError when torchrun started several processes but the config is not hardware=ddp:
+    each would train the whole job alone and all would write the same run files."""
+    env = os.environ if env is None else env
+    if all(name in env for name in LAUNCHER_ENV) and env["WORLD_SIZE"] not in ("", "0", "1"):
+        raise ConfigError(
+            f"torchrun started WORLD_SIZE={env['WORLD_SIZE']} processes but the config is not "
+            "hardware=ddp, so each process would train the whole job alone and write the same "
+            "run folder. Add hardware=ddp (with hardware.nproc_per_node and hardware.nodes "
+            "matching torchrun's --nproc_per_node and --nnodes).")
 
 
 def join_run(config: Mapping[str, Any], run_dir: Path) -> Path:
     """CLI entry for a resolved config: on hardware=ddp join the group, check the configs,
     silence stdout on ranks other than 0 and return rank 0's run folder (every rank then reads
-    and resumes from the same place); otherwise return `run_dir` unchanged."""
+    and resumes from the same place); otherwise check that torchrun did not start several
+    processes (`check_not_launched_without_ddp`) and return `run_dir` unchanged."""
     settings = ddp_settings(config.get("hardware"))
     if settings is None:
+        check_not_launched_without_ddp()
         return run_dir
     rank, _ = setup_from_env(settings)
     check_same_config(config)
@@ -260,29 +315,72 @@ def wrap_model(model: torch.nn.Module, config: Mapping[str, Any]) -> torch.nn.Mo
     return DistributedDataParallel(model, device_ids=device_ids)
 
 
-def torchrun_command(settings: DDPSettings, overrides: Sequence[str], run_dir: Path) -> list[str]:
-    """The torchrun command line that re-runs this job on `settings.nproc_per_node` processes."""
+#: Hydra overrides a relaunched job must not inherit: it runs once (RUN mode) in `run_dir`.
+PARENT_ONLY_HYDRA_KEYS = ("hydra.run.", "hydra.sweep.", "hydra.mode", "hydra.launcher",
+                          "hydra/launcher", "hydra.sweeper", "hydra/sweeper", "hydra.job.num",
+                          "hydra.job.id")
+DEFAULT_CONFIG = ("pkg://dptrain.conf", "config")  # the primary config of `dptrain`
+
+
+def _override_key(override: str) -> str:
+    """The key of a Hydra override ("+hydra.job.chdir=true" -> "hydra.job.chdir")."""
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def hydra_relaunch_args(hydra: Mapping[str, Any] | None) -> tuple[list[str], str | None]:
+    """(Hydra flags and overrides, working directory) that make a child compose the same config.
+
+    `hydra` is the parent job's Hydra config (`HydraConfig.get()`, read as a mapping). The child
+    gets the parent's --config-dir / --config-path / --config-name and its hydra.* overrides
+    (e.g. hydra.job.chdir, hydra/job_logging), not those about where or how the parent ran
+    (PARENT_ONLY_HYDRA_KEYS), and runs in the directory the parent was started from, so that
+    relative paths of the command line mean the same. ([], None) without a Hydra config.
+    """
+    if not hydra:
+        return [], None
+    args: list[str] = []
+    for source in hydra["runtime"]["config_sources"]:
+        location = (str(source["path"]) if source["schema"] == "file"
+                    else f"{source['schema']}://{source['path']}")
+        if source["provider"] == "command-line":
+            args.append(f"--config-dir={location}")
+        elif source["provider"] == "main" and location != DEFAULT_CONFIG[0]:
+            args.append(f"--config-path={location}")
+    if hydra["job"]["config_name"] != DEFAULT_CONFIG[1]:
+        args.append(f"--config-name={hydra['job']['config_name']}")
+    args += [o for o in hydra["overrides"]["hydra"]
+             if not _override_key(o).startswith(PARENT_ONLY_HYDRA_KEYS)]
+    return args, str(hydra["runtime"]["cwd"])
+
+
+def torchrun_command(settings: DDPSettings, overrides: Sequence[str], run_dir: Path,
+                     hydra_args: Sequence[str] = ()) -> list[str]:
+    """The torchrun command line that re-runs this job on `settings.nproc_per_node` processes:
+    `hydra_args` (see `hydra_relaunch_args`), the task `overrides`, and hydra.run.dir=run_dir."""
     if settings.nodes != 1:
         raise ConfigError(
             f"hardware.nodes={settings.nodes}: dptrain only starts processes on this machine. "
             "For several machines start torchrun on every node yourself (README: 'Distributed "
             "training', multi-node recipe) or use the SLURM launcher (hydra/launcher=slurm).")
-    kept = [o for o in overrides if not o.lstrip("+~").startswith("hydra.run.dir=")]
+    kept = [o for o in overrides if not _override_key(o).startswith(PARENT_ONLY_HYDRA_KEYS)]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
             f"--nproc_per_node={settings.nproc_per_node}", "-m", "dptrain.cli.main",
-            *kept, f"hydra.run.dir={run_dir}"]
+            *hydra_args, *kept, f"hydra.run.dir={run_dir}"]
 
 
 def relaunch_with_torchrun(hardware: Mapping[str, Any] | None, overrides: Sequence[str],
-                           run_dir: Path) -> int | None:
+                           run_dir: Path, hydra: Mapping[str, Any] | None = None) -> int | None:
     """On hardware=ddp outside torchrun: run the job under torchrun, wait, return its exit code.
 
     Returns None (nothing done) when the config is not hardware=ddp or this process already is a
-    torchrun worker. The workers write into `run_dir` (rank 0 only).
+    torchrun worker. `overrides` are the job's task overrides and `hydra` the job's Hydra config
+    (`HydraConfig.get()`; without it a --config-dir/--config-name or hydra.* override of the
+    parent is lost). The workers write into `run_dir` (rank 0 only).
     """
     settings = ddp_settings(hardware)
     if settings is None or under_launcher():
         return None
-    command = torchrun_command(settings, overrides, run_dir)
+    hydra_args, cwd = hydra_relaunch_args(hydra)
+    command = torchrun_command(settings, overrides, run_dir, hydra_args)
     sys.stdout.flush()
-    return subprocess.run(command, check=False).returncode
+    return subprocess.run(command, check=False, cwd=cwd).returncode

@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from dptrain.distributed.consistency import check_same_on_every_rank
 from dptrain.distributed.runtime import get_rank, get_world_size
 from dptrain.privacy.optimizer import DPOptimizer
 
@@ -44,12 +45,32 @@ def _flat_dtype(params: list[nn.Parameter]) -> torch.dtype:
     return torch.float64 if any(p.dtype == torch.float64 for p in params) else torch.float32
 
 
+def mechanism_summary(optimizer: DPOptimizer) -> dict[str, Any]:
+    """What every rank's DP optimizer must agree on: sigma, q, the expected batch size, secure
+    mode, the clipper's scalar settings (per-layer bounds included) and the parameter shapes."""
+    clipper = optimizer.clipper
+    settings = {k: v for k, v in vars(clipper).items() if isinstance(v, (bool, int, float, str))}
+    bounds = getattr(clipper, "bounds", None)  # per-layer: {p: C_k}
+    per_layer = [float(b) for b in bounds.values()] if isinstance(bounds, dict) else None
+    return {"noise_multiplier": optimizer.noise_multiplier, "sample_rate": optimizer.sample_rate,
+            "expected_batch_size": optimizer.expected_batch_size,
+            "secure_mode": optimizer.secure_mode,
+            "clipping": clipper.name, "max_grad_norm": clipper.max_grad_norm,
+            "clipper": settings,
+            "per_layer_bounds": per_layer,
+            "parameters": [[list(p.shape), str(p.dtype)] for p in optimizer.params]}
+
+
 class DistributedDPOptimizer(DPOptimizer):
     """A DPOptimizer whose clipped sums are all-reduced across `group` before the noise.
 
     Args: as `DPOptimizer`, plus `group`: the process group (default: the world; DDP's
     `process_group` when made private from a DDP model). Every rank must call `step()` once per
     logical batch (virtual-batch chunks are local and may differ in number across ranks).
+
+    Construction is a collective: the ranks check that they apply the same mechanism
+    (`mechanism_summary`), since rank 0's noise is calibrated to rank 0's clipping norm and
+    sigma; a rank clipping at a larger norm would leak, a rank with another model would hang.
     """
 
     def __init__(self, *args: Any, group: Any = None, **kwargs: Any) -> None:
@@ -58,6 +79,11 @@ class DistributedDPOptimizer(DPOptimizer):
         self.world_size = get_world_size(group)
         self._pending_noise: dict[nn.Parameter, Tensor] = {}
         super().__init__(*args, **kwargs)
+        check_same_on_every_rank(
+            mechanism_summary(self), "the DP optimizer (make_private's arguments)",
+            "every rank must call make_private with the same model, noise_multiplier, "
+            "max_grad_norm, clipping options and loader batch size: the noise drawn once by rank "
+            "0 covers the clipping of every rank only if they are equal.", group=group)
 
     def _gradient_noise_std(self) -> float:
         """sigma_grad * C: the std of the gradient noise, in gradient units (as DPOptimizer)."""
@@ -81,15 +107,15 @@ class DistributedDPOptimizer(DPOptimizer):
             noises = [super(DistributedDPOptimizer, self)._noise(p, std) if self.rank == 0
                       else torch.zeros_like(p, dtype=_flat_dtype([p])) for p in params]
             pieces += [n.reshape(-1) for n in noises]
-        counts = hasattr(self.clipper, "unclipped_count")
+        counts = hasattr(self.clipper, "centred_count")  # adaptive clipping: sum over ranks
         device = params[0].device if params else torch.device("cpu")
         if counts:
-            pieces.append(torch.tensor([float(self.clipper.unclipped_count)], device=device))
+            pieces.append(torch.tensor([float(self.clipper.centred_count)], device=device))
         dtype = _flat_dtype(params)
         flat = self._all_reduce(torch.cat([t.to(dtype) for t in pieces]) if pieces
                                 else torch.zeros(0, dtype=dtype, device=device))
         if counts:
-            self.clipper.unclipped_count = float(flat[-1])
+            self.clipper.centred_count = float(flat[-1])
         sizes = [p.numel() for p in params]
         total = sum(sizes)
         combined = {p: c.view_as(p).to(p.dtype) for p, c in zip(params, flat[:total].split(sizes))}

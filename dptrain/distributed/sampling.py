@@ -15,13 +15,15 @@ sees q, and the expected global batch size is q * N.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from dptrain.data.sampling import DPDataLoader, EmptyBatchCollate, PoissonBatchSampler
+from dptrain.data.sampling import DPDataLoader, PoissonBatchSampler
+from dptrain.distributed.consistency import check_same_on_every_rank
 from dptrain.distributed.runtime import get_rank, get_world_size, sync_generator
 from dptrain.errors import ConfigError
 from dptrain.privacy.noise import uniform
@@ -81,13 +83,30 @@ class DistributedPoissonBatchSampler(PoissonBatchSampler):
         return picked.tolist()
 
 
+def check_same_sampling(num_samples: int, sample_rate: float, steps: int | None, secure: bool,
+                        scheduled: bool, group: Any = None) -> None:
+    """ConfigError on every rank unless all ranks sample the same way: the same N, q, steps per
+    epoch, secure mode and presence of a sample-rate schedule (one collective)."""
+    check_same_on_every_rank(
+        {"num_samples": num_samples, "sample_rate": sample_rate, "steps": steps,
+         "secure": secure, "sample_rate_schedule": scheduled}, "the private data loader",
+        "every rank must pass make_private a DataLoader over the WHOLE dataset with the same "
+        "batch_size (the global expected batch size): dptrain gives each rank its shard itself, "
+        "so do not pass a per-rank shard of the dataset.", group=group)
+
+
 class DistributedDPDataLoader(DPDataLoader):
     """A DPDataLoader whose batch sampler is a `DistributedPoissonBatchSampler`.
 
     Each rank's loader yields that rank's shard of every logical batch; `sample_rate` is q of the
     whole dataset. `DistributedDPDataLoader.from_data_loader(loader)` (inherited) rebuilds a plain
-    loader, reading `loader.batch_size` as the GLOBAL expected batch size: q = batch_size / N. Building it is a collective in reproducible mode (rank 0's sampling generator
-    state is broadcast), so every rank must build it, in the same order.
+    loader over the WHOLE dataset, reading `loader.batch_size` as the GLOBAL expected batch size:
+    q = batch_size / N.
+
+    Building it is a collective (every rank must build it, in the same order): the ranks check
+    that they agree on N, q, the steps per epoch and the sampling mode (`check_same_sampling`; a rank
+    sharding another dataset, or with another batch size, would break the Poisson sample), then,
+    in reproducible mode, take rank 0's sampling generator state.
     """
 
     def __init__(self, dataset: Dataset, sample_rate: float, *, rank: int | None = None,
@@ -95,15 +114,25 @@ class DistributedDPDataLoader(DPDataLoader):
                  generator: torch.Generator | None = None, secure: bool = False,
                  sample_rate_schedule: Callable[[int], float] | None = None,
                  collate_fn: Callable[[list[Any]], Any] | None = None, **loader_kwargs: Any) -> None:
-        from torch.utils.data.dataloader import default_collate
-
+        check_same_sampling(len(dataset), sample_rate, steps, secure,
+                            sample_rate_schedule is not None, group=group)
         sampler = DistributedPoissonBatchSampler(
             len(dataset), sample_rate, rank=get_rank(group) if rank is None else rank,
             world_size=get_world_size(group) if world_size is None else world_size, steps=steps,
             generator=generator, secure=secure, sample_rate_schedule=sample_rate_schedule)
         if not secure:
             sync_generator(sampler.generator, group=group)
-        DataLoader.__init__(self, dataset, batch_sampler=sampler,
-                            collate_fn=EmptyBatchCollate(collate_fn or default_collate, dataset),
-                            **loader_kwargs)
-        self.sample_rate = sampler.sample_rate
+        self._init_loader(dataset, sampler, collate_fn, loader_kwargs)
+
+    @classmethod
+    def from_data_loader(cls, data_loader: DataLoader, **kwargs: Any) -> DPDataLoader:
+        """As `DPDataLoader.from_data_loader`; warns when `data_loader` has a DistributedSampler
+        (the usual DDP habit): it is ignored, and its batch_size is read as the GLOBAL one."""
+        if isinstance(getattr(data_loader, "sampler", None), DistributedSampler):
+            warnings.warn(
+                f"data_loader uses a DistributedSampler, which make_private ignores: each rank "
+                f"samples its own shard of the whole dataset, batch_size={data_loader.batch_size} "
+                "is read as the GLOBAL expected batch size (q = batch_size / N) and an epoch as "
+                "len(data_loader) steps. Pass a plain DataLoader over the whole dataset with "
+                "batch_size = the global expected batch size.", UserWarning, stacklevel=3)
+        return super().from_data_loader(data_loader, **kwargs)

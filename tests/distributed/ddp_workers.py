@@ -19,6 +19,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 # Imported here, in the test process, so that the forked ranks inherit them instead of each
 # importing them again (seconds per rank on a loaded machine).
+# DistributedDataParallel() imports torch._dynamo lazily: seconds per rank, unless done here.
+import torch._dynamo  # noqa: F401,E402
 import dptrain.accounting.rdp  # noqa: F401,E402
 import dptrain.grad_sample.ghost  # noqa: F401,E402
 import dptrain.privacy.engine  # noqa: F401,E402
@@ -86,7 +88,7 @@ def make_problem() -> tuple[nn.Module, TensorDataset]:
 def train_private(distributed: bool, steps: int, noise_multiplier: float,
                   grad_sample_mode: str = "hooks", physical: int | None = None,
                   clipping: str = "flat", lr: float = 0.5,
-                  count_noise_std: float | None = None) -> dict[str, Any]:
+                  count_noise_std: float | None = None, batch: int = BATCH) -> dict[str, Any]:
     """`steps` DP-SGD steps; DDP-wrapped when `distributed`. Returns parameters, the accountant's
     history, every step's noise (p.grad * (q N) - p.summed_grad) and this rank's batch indices."""
     from dptrain import BatchMemoryManager
@@ -96,7 +98,7 @@ def train_private(distributed: bool, steps: int, noise_multiplier: float,
     if distributed:
         model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    loader = DataLoader(data, batch_size=BATCH)
+    loader = DataLoader(data, batch_size=batch)
     engine = PrivacyEngine(accountant="rdp", seed=SEED)
     module, optimizer, loader = engine.make_private(
         module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=noise_multiplier,
@@ -134,6 +136,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "hooks_virtual_noise": dict(steps=6, noise_multiplier=1.3, physical=3),
     "adaptive_noise": dict(steps=6, noise_multiplier=1.0, clipping="adaptive",
                            count_noise_std=2.0),
+    "per_layer_noise": dict(steps=6, noise_multiplier=1.3, clipping="per_layer"),
+    # q = 1/40: each rank's shard of 20 examples is empty in ~60% of the steps.
+    "empty_shards_noise": dict(steps=12, noise_multiplier=1.3, batch=1, physical=1),
     "noise_std": dict(steps=40, noise_multiplier=1.0, lr=0.0),   # 40 steps x 83 coordinates
 }
 
@@ -191,8 +196,8 @@ def _error_of(fn: Callable[[], Any]) -> str | None:
 
 def errors_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
     """Each bad input on this rank: the message it raised (None: no error)."""
-    from dptrain.distributed.launch import DDPSettings, check_same_config, setup_from_env
-    from dptrain.privacy.engine import PrivacyEngine
+    from dptrain.distributed.consistency import check_same_config
+    from dptrain.distributed.launch import DDPSettings, setup_from_env
 
     env = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
@@ -204,10 +209,35 @@ def errors_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
     setup_from_env(good, env)
     out["config"] = _error_of(lambda: check_same_config({"train": {"epochs": 1 + rank}, "seed": 0}))
     out["same_config"] = _error_of(lambda: check_same_config({"train": {"epochs": 1}}))
+    out["node_local_root"] = _error_of(lambda: check_same_config({"dataset": {"root": f"/n{rank}"}}))
+    out["non_poisson"] = _error_of(lambda: _make_private(poisson_sampling=False,
+                                                         allow_non_poisson=True))
+    out["shard_as_dataset"] = _error_of(lambda: _make_private(examples=N - rank))
+    out["clipping_norm"] = _error_of(lambda: _make_private(max_grad_norm=1.0 + rank))
+    out["same_arguments"] = _error_of(lambda: _make_private())
+    return out
+
+
+def _make_private(examples: int = N, **overrides: Any) -> Any:
+    """make_private of a DDP model over the first `examples` examples (kwargs override)."""
+    from dptrain.privacy.engine import PrivacyEngine
+
     model, data = make_problem()
     ddp = nn.parallel.DistributedDataParallel(model)
-    out["non_poisson"] = _error_of(lambda: PrivacyEngine().make_private(
-        module=ddp, optimizer=torch.optim.SGD(ddp.parameters(), lr=0.1),
-        data_loader=DataLoader(data, batch_size=BATCH), noise_multiplier=1.0, max_grad_norm=1.0,
-        poisson_sampling=False, allow_non_poisson=True))
-    return out
+    kwargs = dict(module=ddp, optimizer=torch.optim.SGD(ddp.parameters(), lr=0.1),
+                  data_loader=DataLoader(TensorDataset(*data[:examples]), batch_size=BATCH),
+                  noise_multiplier=1.0, max_grad_norm=1.0)
+    return PrivacyEngine(accountant="rdp", seed=SEED).make_private(**{**kwargs, **overrides})
+
+
+def missing_rank_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
+    """Rank 1 stops before joining; rank 0 tries to join with a 1 s timeout."""
+    from dptrain.distributed.launch import DDPSettings, setup_from_env
+
+    if rank == 1:
+        return {"joined": False}
+    env = {"RANK": "0", "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    start = time.monotonic()
+    message = _error_of(lambda: setup_from_env(DDPSettings(world_size, timeout_s=1), env))
+    return {"error": message, "waited_s": time.monotonic() - start}

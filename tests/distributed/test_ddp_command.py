@@ -15,11 +15,15 @@ COMMON = ["privacy=sigma", "privacy.noise_multiplier=1.0", "train.epochs=1", "tr
           "train.progress=false"]
 
 
-def _dptrain(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+def _run(command: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([sys.executable, "-c", ENTRY, *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _dptrain(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    return _run([sys.executable, "-c", ENTRY, *args], cwd, timeout)
 
 
 def test_several_nodes_without_torchrun_stop_with_the_multi_node_recipe(tmp_path: Path, monkeypatch, capsys):
@@ -48,3 +52,20 @@ def test_dptrain_relaunches_itself_under_torchrun_and_matches_the_single_process
     assert ledgers[0]["history"] == ledgers[1]["history"]
     assert ledgers[0]["epsilon"] == ledgers[1]["epsilon"]
     assert json.loads((tmp_path / "ddp" / "result.json").read_text())["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_a_user_launched_torchrun_job_matches_the_single_process_ledger(tmp_path: Path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node=2", "-m", "dptrain.cli.main"]
+    ddp = _run([*torchrun, "hardware=ddp", *COMMON, f"hydra.run.dir={tmp_path / 'ddp'}"],
+               tmp_path, timeout=300)
+    assert ddp.returncode == 0, ddp.stderr
+    single = _dptrain(["hardware=cpu", *COMMON, f"hydra.run.dir={tmp_path / 'cpu'}"], tmp_path,
+                      timeout=300)
+    assert single.returncode == 0, single.stderr
+    ledgers = [json.loads((tmp_path / d / "privacy_ledger.json").read_text())
+               for d in ("ddp", "cpu")]
+    assert ledgers[0]["history"] == ledgers[1]["history"]
+    assert ledgers[0]["epsilon"] == ledgers[1]["epsilon"]
+    assert ddp.stdout.count("dptrain: completed") == 1  # rank 0's summary only

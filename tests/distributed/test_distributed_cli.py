@@ -77,3 +77,12 @@ def test_a_resumed_ddp_run_ends_where_the_uninterrupted_ddp_run_ends(folders: Pa
         assert resumed["steps"] == 4
         torch.testing.assert_close(resumed["params"], straight["params"], rtol=0, atol=0)
     assert _ledger(folders / "resumed_0")["history"] == _ledger(folders / "ddp_0")["history"]
+
+
+def test_a_ddp_run_through_whole_epochs_writes_its_epoch_checkpoints_on_rank_0_only(tmp_path: Path):
+    one_epoch = COMMON[:-1] + DDP + ("train.batch_size=720", "train.checkpoint_every=1")
+    ranks = workers.run_ranks(workers.cli_worker, tmp_path,
+                              args=(str(tmp_path / "run"), (one_epoch,)))
+    assert [r.get("crash") for r in ranks] == [None, None]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == [
+        "epoch_1.pt", "last.pt"]

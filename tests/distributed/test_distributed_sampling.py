@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from dptrain.data.sampling import PoissonBatchSampler
 from dptrain.distributed.sampling import DistributedDPDataLoader, DistributedPoissonBatchSampler
@@ -67,3 +67,17 @@ def test_the_loader_reads_the_plain_batch_size_as_the_global_expected_batch():
     loader = DistributedDPDataLoader.from_data_loader(DataLoader(data, batch_size=8))
     assert loader.sample_rate == pytest.approx(8 / 40)
     assert isinstance(loader.batch_sampler, DistributedPoissonBatchSampler)
+
+
+def test_a_loader_with_a_distributed_sampler_warns_that_its_batch_size_is_read_as_global():
+    data = TensorDataset(torch.arange(40.0).view(40, 1))
+    sampler = DistributedSampler(data, num_replicas=2, rank=0)
+    loader = DataLoader(data, batch_size=8, sampler=sampler)
+    with pytest.warns(UserWarning, match="GLOBAL expected batch size"):
+        private = DistributedDPDataLoader.from_data_loader(loader)
+    assert private.sample_rate == pytest.approx(8 / 40)
+
+
+def test_out_of_order_batches_are_a_config_error_for_the_distributed_loader_too():
+    with pytest.raises(ConfigError, match="DistributedDPDataLoader\\(in_order=False\\)"):
+        DistributedDPDataLoader(TensorDataset(torch.zeros(4, 1)), sample_rate=0.5, in_order=False)

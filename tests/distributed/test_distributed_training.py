@@ -66,6 +66,15 @@ def test_adaptive_clipping_keeps_the_same_bound_on_every_rank(ranks, single):
     _assert_same_model(ranks, single, "adaptive_noise")
 
 
+def test_per_layer_clipping_equals_the_single_process_run(ranks, single):
+    _assert_same_model(ranks, single, "per_layer_noise")
+
+
+def test_steps_with_an_empty_shard_on_one_rank_equal_the_single_process_run(ranks, single):
+    assert any(not batch for batch in ranks[1]["empty_shards_noise"]["batches"])
+    _assert_same_model(ranks, single, "empty_shards_noise")
+
+
 def test_the_accountant_history_of_a_ddp_run_equals_the_single_process_one(ranks, single):
     for result in ranks:
         assert result["hooks_noise"]["history"] == single["hooks_noise"]["history"]
