@@ -9,14 +9,13 @@ Peak memory, in MiB above the state just before the first training step (model, 
 wrapping and data pool already allocated; so it counts activations, gradients, per-sample
 gradients, noise and optimizer work buffers):
 - CUDA: ``torch.cuda.max_memory_allocated`` minus ``memory_allocated`` before training.
-- CPU: peak resident set size (``getrusage`` ``ru_maxrss``, exact high-water mark) minus the RSS
-  before training. A watchdog thread polls the RSS every 10 ms and ends the process with status
+- CPU: peak resident set size (the kernel's exact high-water mark, reset just before training so
+  that imports and model building do not leak in; ``_bench_memory``) minus the RSS before training. A watchdog thread polls the RSS every 10 ms and ends the process with status
   ``"oom"`` when the total RSS exceeds the memory limit; a run whose ``ru_maxrss`` ended above the
   limit is also reported as ``"oom"``.
 """
 
 import os
-import resource
 import threading
 import time
 import warnings
@@ -27,11 +26,11 @@ from multiprocessing.connection import Connection
 import torch
 
 from _bench_data import MODEL_KWARGS, batch_pool
+from _bench_memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 from _bench_methods import Privacy, adapt_model, build_step
 from dptrain.models import get_model
 
 MIB = 2**20
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass
@@ -61,17 +60,6 @@ class Measurement:
     error: str | None = None
 
 
-def current_rss_bytes() -> int:
-    """Resident set size of this process now, in bytes (Linux /proc)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * _PAGE
-
-
-def peak_rss_bytes() -> int:
-    """High-water mark of this process's resident set size, in bytes (ru_maxrss is KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
 def start_rss_watchdog(
     limit_bytes: int, report: Callable[[Measurement], None], interval_s: float = 0.01
 ) -> None:
@@ -97,6 +85,7 @@ class MemoryMeter:
             torch.cuda.reset_peak_memory_stats(device)
             self.base = torch.cuda.memory_allocated(device)
         else:
+            reset_peak_rss()
             self.base = current_rss_bytes()
         self.device = device
 

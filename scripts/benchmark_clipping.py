@@ -15,11 +15,12 @@ Three subcommands (end-to-end training speed against plain PyTorch and Opacus is
     Time per step (forward + backward + squared norms + clipped sum, no optimizer) and peak
     memory of: ``plain`` (forward + backward, no DP), ``hooks`` (GradSampleModule), ``ghost``
     (GhostClippingModule), ``ghost_keep_grads`` (ghost without skipping autograd's parameter
-    gradients) and ``instantiate`` (ghost module forced to instantiate every layer). Times: the
-    methods' steps are interleaved in one subprocess and the fastest step of each is kept (the
-    fairest figure on a shared CPU). Memory: each method in its own subprocess; CPU peak memory
-    is the peak resident-set size (``getrusage``) minus the resident set after the model and
-    data were built.
+    gradients) and ``instantiate`` (ghost module forced to instantiate every layer), all on the
+    same model weights and the same batch. Times: the methods' steps are interleaved in one
+    subprocess after one warm-up round, and the median (and the fastest) step of each is kept.
+    Memory: each method in its own subprocess; CPU peak memory is the high-water mark of the
+    resident set during two steps (reset just before them, ``/proc/self/clear_refs``) minus the
+    resident set after the model and data were built.
 
 Examples::
 
@@ -33,8 +34,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
-import resource
 import statistics
 import subprocess
 import sys
@@ -47,7 +46,9 @@ from rich.console import Console
 from rich.table import Table
 from torch import nn
 
-from dptrain.grad_sample.ghost import GhostClippingModule
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss  # noqa: E402
+from dptrain.grad_sample.ghost import GhostClippingModule  # noqa: E402
 from dptrain.grad_sample.ghost_math import ghost_sq_norms, instantiated_sq_norms
 from dptrain.grad_sample.module import GradSampleModule
 from dptrain.models import get_model, input_spec
@@ -164,34 +165,32 @@ def _step_fn(method: str, model: nn.Module) -> Callable[[torch.Tensor, torch.Ten
     return private
 
 
-def _resident_bytes() -> int:
-    """Current resident-set size of this process (Linux /proc)."""
-    pages = int(Path("/proc/self/statm").read_text().split()[1])
-    return pages * resource.getpagesize()
-
-
-def time_methods(model_name: str, methods: list[str], batch: int, steps: int) -> dict[str, float]:
-    """Fastest step time of each method, the methods' steps interleaved (fair under CPU load)."""
+def time_methods(model_name: str, methods: list[str], batch: int, steps: int) -> dict[str, dict[str, float]]:
+    """``{method: {"median": s, "fastest": s}}`` per step, the methods' steps interleaved (so
+    that load on a shared machine hits every method alike) after one warm-up round."""
     model, x, y = build(model_name, batch)
     steps_of = {m: _step_fn(m, copy.deepcopy(model)) for m in methods}
-    best = {m: math.inf for m in methods}
+    times: dict[str, list[float]] = {m: [] for m in methods}
     for round_ in range(steps + 1):  # round 0 is a warm-up
         for method, step in steps_of.items():
             start = time.perf_counter()
             step(x, y)
             if round_ > 0:
-                best[method] = min(best[method], time.perf_counter() - start)
-    return best
+                times[method].append(time.perf_counter() - start)
+    return {m: {"median": statistics.median(t), "fastest": min(t)} for m, t in times.items()}
 
 
 def peak_memory(model_name: str, method: str, batch: int) -> float:
-    """Peak resident-set growth (MiB) of two steps of ``method``, over the built model and data."""
+    """Peak resident-set growth (MiB) during two steps of ``method``, over the built model, data
+    and wrapper. Without a resettable high-water mark, earlier peaks (imports, model building)
+    can only make the figure larger, never hide a step's peak."""
     model, x, y = build(model_name, batch)
     step = _step_fn(method, model)
-    baseline = _resident_bytes()
+    reset_peak_rss()
+    baseline = current_rss_bytes()
     for _ in range(2):
         step(x, y)
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline) / 2**20
+    return (peak_rss_bytes() - baseline) / 2**20
 
 
 def _subprocess_json(args: list[str]) -> Any:
@@ -210,10 +209,12 @@ def ablation(models: list[str], methods: list[str], batch: int, steps: int, thre
         times = _subprocess_json(["_time", *common, str(steps), *methods])
         for method in methods:
             memory = _subprocess_json(["_memory", *common, method])
+            timing = times.get(method) or {}
             records.append({"model": model_name, "method": method, "batch": batch, "threads": threads,
-                            "seconds_per_step": times.get(method), "peak_mib": memory,
+                            "seconds_per_step": timing.get("median"), "fastest_seconds_per_step": timing.get("fastest"),
+                            "peak_mib": memory,
                             "error": times.get("error") or (memory.get("error") if isinstance(memory, dict) else None)})
-    CONSOLE.print(_table(records, f"batch {batch}, {threads} threads, fastest of {steps} interleaved steps"))
+    CONSOLE.print(_table(records, f"batch {batch}, {threads} threads, median of {steps} interleaved steps"))
     if out is not None:
         out.write_text(json.dumps(records, indent=1))
 
@@ -249,7 +250,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     abl.add_argument("--models", nargs="+", default=["cifar10_cnn"])
     abl.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     abl.add_argument("--batch-size", type=int, default=256)
-    abl.add_argument("--steps", type=int, default=3)
+    abl.add_argument("--steps", type=int, default=5, help="timed steps per method (after one warm-up)")
     abl.add_argument("--threads", type=int, default=torch.get_num_threads())
     abl.add_argument("--out", type=Path, default=None, help="write the records as JSON here")
     for hidden in ("_time", "_memory"):

@@ -6,8 +6,8 @@ fused torch layer: ``nn.LSTM`` vs the wrapped ``DPLSTM``). Printed as a rich tab
 
 Peak memory: on CUDA, ``torch.cuda.max_memory_allocated`` over one forward+backward minus what was
 allocated before it. On CPU, each measurement runs in a forked process and reports the growth of
-the process's peak resident set (``ru_maxrss``) over one forward+backward: it includes allocator
-overhead and is only meaningful above a few MB, so sizes default to a scale where it is.
+the process's peak resident set (``VmHWM``, reset to the current RSS just before the step) over one
+forward+backward: it includes allocator overhead and is only meaningful above a few MB, so sizes default to a scale where it is.
 
     python scripts/benchmark_layers.py                    # all layers, CPU, batch 32
     python scripts/benchmark_layers.py --layers Linear Conv2d --repeats 20 --device cuda
@@ -18,16 +18,22 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import resource
 import statistics
+import sys
 import time
+import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 
-import dptrain
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss  # noqa: E402
+
+import dptrain  # noqa: E402
+from dptrain.layers import DPGRU, DPLSTM, DPRNN, DPMultiheadAttention  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -46,12 +52,13 @@ def _same(make: Callable[[], nn.Module]) -> tuple[Callable[[], nn.Module], Calla
     return make, make
 
 
+def _bags(batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """EmbeddingBag input in its flat form: 32 ids per bag, ``(ids [32B], offsets [B])``."""
+    return torch.randint(0, 2000, (batch * 32,)), torch.arange(0, batch * 32, 32)
+
+
 def _dp_layers() -> list[Case]:
-    """Cases for the DP layers, when dptrain.layers is present."""
-    try:
-        from dptrain.layers import DPGRU, DPLSTM, DPRNN, DPMultiheadAttention
-    except ImportError:
-        return []
+    """Cases for the DP layers (plain = the fused torch layer)."""
     seq = lambda b: (torch.randn(b, 16, 64),)  # noqa: E731
     qkv = lambda b: (torch.randn(b, 16, 64),) * 3  # noqa: E731
     return [
@@ -79,7 +86,7 @@ def cases() -> list[Case]:
         Case("Conv2d", *_same(lambda: nn.Conv2d(16, 32, 3, padding=1)), lambda b: (torch.randn(b, 16, 32, 32),), "[B,16,32,32]"),
         Case("Conv3d", *_same(lambda: nn.Conv3d(4, 8, 3, padding=1)), lambda b: (torch.randn(b, 4, 12, 12, 12),), "[B,4,12,12,12]"),
         Case("Embedding", *_same(lambda: nn.Embedding(2000, 64)), tokens, "[B,32] of 2000x64"),
-        Case("EmbeddingBag", *_same(lambda: nn.EmbeddingBag(2000, 64, mode="mean")), tokens, "[B,32] of 2000x64"),
+        Case("EmbeddingBag", *_same(lambda: nn.EmbeddingBag(2000, 64, mode="mean")), _bags, "[32B]+offsets of 2000x64"),
         Case("LayerNorm", *_same(lambda: nn.LayerNorm(256)), lambda b: (torch.randn(b, 16, 256),), "[B,16,256]"),
         Case("GroupNorm", *_same(lambda: nn.GroupNorm(8, 32)), lambda b: (torch.randn(b, 32, 16, 16),), "[B,32,16,16]"),
         Case(
@@ -152,9 +159,10 @@ def peak_memory_mb(model: nn.Module, inputs: tuple[torch.Tensor, ...], device: s
         _step(model, inputs)
         torch.cuda.synchronize()
         return (torch.cuda.max_memory_allocated() - before) / 2**20
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    reset_peak_rss()
+    before = current_rss_bytes()
     _step(model, inputs)
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024  # ru_maxrss is KiB
+    return (peak_rss_bytes() - before) / 2**20
 
 
 def median_ms(model: nn.Module, inputs: tuple[torch.Tensor, ...], device: str, repeats: int) -> float:
@@ -177,19 +185,30 @@ def measure(case: Case, mode: str, batch: int, device: str, repeats: int) -> dic
     return {"ms": median_ms(model, inputs, device, repeats), "mb": memory}
 
 
+FAILED = {"ms": float("nan"), "mb": float("nan")}
+
+
+def measure_or_report(case: Case, mode: str, args: argparse.Namespace) -> dict[str, float]:
+    """:func:`measure`, or NaN figures (and the reason on stderr) if this cell cannot run."""
+    try:
+        return measure(case, mode, args.batch_size, args.device, args.repeats)
+    except Exception as err:  # one failing cell (e.g. a layer Opacus does not support) is not fatal
+        print(f"{case.name} / {mode}: {type(err).__name__}: {err}", file=sys.stderr)
+        return FAILED
+
+
 def _worker(case: Case, mode: str, args: argparse.Namespace, queue: multiprocessing.Queue) -> None:
-    queue.put(measure(case, mode, args.batch_size, args.device, args.repeats))
+    queue.put(measure_or_report(case, mode, args))
 
 
 def measure_in_subprocess(case: Case, mode: str, args: argparse.Namespace) -> dict[str, float]:
-    """Run :func:`measure` in a forked process so that its ru_maxrss growth is this case's alone."""
+    """Run :func:`measure` in a forked process so that its peak-RSS growth is this case's alone."""
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
     process = context.Process(target=_worker, args=(case, mode, args, queue))
     process.start()
-    result = queue.get()
     process.join()
-    return result
+    return queue.get() if process.exitcode == 0 else FAILED
 
 
 def run_all(args: argparse.Namespace) -> list[dict]:
@@ -203,7 +222,7 @@ def run_all(args: argparse.Namespace) -> list[dict]:
             if args.device == "cpu":
                 figures = measure_in_subprocess(case, mode, args)
             else:
-                figures = measure(case, mode, args.batch_size, args.device, args.repeats)
+                figures = measure_or_report(case, mode, args)
             result.update({f"{mode}_ms": figures["ms"], f"{mode}_mb": figures["mb"]})
         rows.append(result)
     return rows
@@ -215,7 +234,7 @@ def print_table(rows: list[dict], args: argparse.Namespace) -> None:
     from rich.table import Table
 
     method = (
-        "torch.cuda.max_memory_allocated" if args.device.startswith("cuda") else "peak RSS growth (ru_maxrss), one forked process per cell"
+        "torch.cuda.max_memory_allocated" if args.device.startswith("cuda") else "peak RSS growth (VmHWM after a reset), one forked process per cell"
     )
     table = Table(
         title=f"Per-sample gradients per layer: batch {args.batch_size}, {args.device}, {args.threads} thread(s), "
@@ -249,12 +268,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--layers", nargs="*", help="subset of layer names (default: all)")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     parser.add_argument("--opacus", action="store_true", help="add Opacus's GradSampleModule as a reference column")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    known = [case.name for case in cases()]
+    unknown = sorted(set(args.layers or []) - set(known))
+    if unknown:
+        parser.error(f"--layers: unknown layer(s) {unknown}; choose among {known}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
+    # Opacus's module hooks warn on every step when the layer's input does not require grad.
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
     rows = run_all(args)
     print_table(rows, args)
     if args.json:
