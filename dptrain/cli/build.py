@@ -8,6 +8,8 @@ dataset, model (built, validated for DP-SGD, dry-run on two examples), optimizer
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import logging
 from pathlib import Path
 from typing import Any
@@ -20,13 +22,21 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from torch import nn
 from torch.utils.data import DataLoader
 
+import dptrain.cli.resolvers  # noqa: F401  (the configs' ${dptrain.*:...} resolvers)
+from dptrain.cli.download import in_turns
 from dptrain.cli.job import PrivacySettings, TrainingJob, TrainSettings
+from dptrain.cli.ledger import default_delta
 from dptrain.data.datasets import DatasetSplits, load_dataset
 from dptrain.errors import ConfigError, DPTrainError, PrivacyError, UnsupportedModuleError
 
 log = logging.getLogger(__name__)
 
 PRIVACY_MODES = ("epsilon", "sigma", "none")
+# Every key the `privacy` group may hold (the union of privacy/epsilon.yaml and privacy/sigma.yaml).
+PRIVACY_KEYS = ("name", "target_epsilon", "noise_multiplier", "target_delta", "max_grad_norm",
+                "accountant", "clipping", "grad_sample_mode", "poisson_sampling", "secure_mode")
+# Every key the `train` section may hold: the fields of TrainSettings (run_dir is Hydra's).
+TRAIN_KEYS = tuple(f.name for f in dataclasses.fields(TrainSettings) if f.name != "run_dir")
 PRECISIONS = ("fp32", "bf16")
 EVAL_BATCH_SIZE = 1024
 MAX_LISTED = 4  # submodule paths named per kind of validation problem
@@ -63,6 +73,24 @@ def _require(section: dict[str, Any], group: str, key: str) -> Any:
     return section[key]
 
 
+def reject_unknown_keys(section: dict[str, Any], group: str, known: tuple[str, ...]) -> None:
+    """ConfigError naming the first key of `section` that dptrain would silently ignore.
+
+    Hydra refuses a misspelt key (`train.epoch=3`) but suggests `+train.epoch=3`, which adds it:
+    such a key must not be ignored without a word.
+    """
+    unknown = sorted(set(section) - set(known))
+    if not unknown:
+        return
+    key = unknown[0]
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" Did you mean {group}.{close[0]}?" if close else ""
+    raise ConfigError(
+        f"config key {group}.{key} is not a {group} setting: dptrain would ignore it.{hint} "
+        f"Remove it; the {group} keys are {', '.join(sorted(known))}."
+    )
+
+
 def _positive_int(value: Any, key: str, allow_none: bool = False) -> int | None:
     """`value` checked to be an int >= 1 (or None when allowed); ConfigError naming `key`."""
     if value is None and allow_none:
@@ -84,6 +112,7 @@ def _non_negative_int(value: Any, key: str) -> int:
 # ----------------------------------------------------------------------------- train settings
 def build_settings(train: dict[str, Any], run_dir: Path) -> TrainSettings:
     """TrainSettings from the `train` group, with every value checked."""
+    reject_unknown_keys(train, "train", TRAIN_KEYS)
     batch_size = _positive_int(_require(train, "train", "batch_size"), "train.batch_size")
     physical = _positive_int(
         train.get("max_physical_batch_size"), "train.max_physical_batch_size", True
@@ -141,12 +170,18 @@ def build_precision(hardware: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- dataset, model
 def build_dataset(dataset: dict[str, Any], seed: int) -> DatasetSplits:
-    """The train/test splits named by `dataset.name` with the group's options."""
+    """The train/test (and validation) splits named by `dataset.name` with the group's options.
+
+    With `dataset.download=true` under hardware=ddp the ranks take turns (rank 0 first), so that
+    no two ranks download into the same `dataset.root` at once (dptrain.cli.download).
+    """
     options = dict(dataset)
     name = _require(options, "dataset", "name")
     options.pop("name")
     if options.get("root") is None:
         options.pop("root", None)
+    if options.get("download"):
+        return in_turns(lambda: load_dataset(name, seed=seed, **options))
     return load_dataset(name, seed=seed, **options)
 
 
@@ -240,9 +275,9 @@ def build_optimizer(optimizer_cfg: DictConfig, model: nn.Module) -> torch.optim.
 # ----------------------------------------------------------------------------- loaders
 def build_loaders(
     splits: DatasetSplits, settings: TrainSettings, num_workers: int, shuffle: bool
-) -> tuple[DataLoader, DataLoader]:
-    """Train loader (batch `train.batch_size`, seeded; replaced by Poisson sampling when private)
-    and test loader (fixed order)."""
+) -> tuple[DataLoader, DataLoader, DataLoader | None]:
+    """Train loader (batch `train.batch_size`, seeded; replaced by Poisson sampling when private),
+    test loader and validation loader (fixed order; None without a validation split)."""
     if settings.batch_size > len(splits.train):
         raise ConfigError(
             f"train.batch_size={settings.batch_size} is larger than the {len(splits.train)} training "
@@ -258,17 +293,15 @@ def build_loaders(
         generator=generator,
     )
     eval_batch = min(EVAL_BATCH_SIZE, settings.max_physical_batch_size or EVAL_BATCH_SIZE)
-    test = DataLoader(splits.test, batch_size=eval_batch, shuffle=False, num_workers=num_workers)
-    return train, test
+
+    def in_order(dataset: torch.utils.data.Dataset) -> DataLoader:
+        return DataLoader(dataset, batch_size=eval_batch, shuffle=False, num_workers=num_workers)
+
+    validation = None if splits.validation is None else in_order(splits.validation)
+    return train, in_order(splits.test), validation
 
 
 # ----------------------------------------------------------------------------- privacy
-def default_delta(num_examples: int) -> float:
-    """1/(10 N) rounded down to a power of ten: N = 1,442 -> 1e-5, N = 60,000 -> 1e-6."""
-    exponent = len(str(10 * num_examples - 1))  # smallest k with 10^k >= 10 N
-    return float(10.0**-exponent)
-
-
 def _target_delta(configured: Any, num_examples: int) -> float:
     """`privacy.target_delta`, or the 1/(10 N) rule when it is null (said in the run's log)."""
     if configured is not None:
@@ -301,9 +334,52 @@ def privacy_mode(privacy: dict[str, Any]) -> str:
     return mode
 
 
-def _privacy_value(privacy: dict[str, Any], mode: str) -> float:
+def check_privacy_keys(privacy: dict[str, Any], mode: str) -> None:
+    """ConfigError for an unknown privacy key; a logged warning for a known key `mode` ignores.
+
+    privacy=epsilon calibrates sigma, so a noise_multiplier there (e.g. left by a recipe made for
+    privacy=sigma: `+recipe=mnist_cnn privacy=epsilon`) is not used, and the log says so.
+    privacy=sigma uses a target_epsilon as a cap enforced by the budget guard.
+    """
+    if mode == "none":
+        return
+    reject_unknown_keys(privacy, "privacy", PRIVACY_KEYS)
+    if mode == "epsilon" and privacy.get("noise_multiplier") is not None:
+        log.warning(
+            "privacy=epsilon calibrates sigma to privacy.target_epsilon: "
+            "privacy.noise_multiplier=%s is not used (use privacy=sigma to fix sigma).",
+            privacy["noise_multiplier"],
+        )
+    if mode == "sigma" and privacy.get("target_epsilon") is not None:
+        log.info(
+            "privacy=sigma with privacy.target_epsilon=%s: the budget guard stops training "
+            "before the step that would exceed it.",
+            privacy["target_epsilon"],
+        )
+
+
+def check_privacy_config(privacy: dict[str, Any]) -> str:
+    """The privacy mode, after checking the group's keys and values (cheap: run before the data
+    is loaded, so that bad input stops at once)."""
+    mode = privacy_mode(privacy)
+    if mode != "none":
+        check_privacy_keys(privacy, mode)
+        _privacy_value(privacy, mode)
+        _budget(privacy, mode)
+    return mode
+
+
+def _budget(privacy: dict[str, Any], mode: str) -> float | None:
+    """The target epsilon the budget guard enforces: privacy=epsilon's target, or an optional
+    cap given with privacy=sigma (+privacy.target_epsilon=E); None for no cap."""
+    if mode == "epsilon" or privacy.get("target_epsilon") is not None:
+        return _privacy_value(privacy, "epsilon", "target_epsilon")
+    return None
+
+
+def _privacy_value(privacy: dict[str, Any], mode: str, key: str | None = None) -> float:
     """target_epsilon (mode epsilon) or noise_multiplier (mode sigma), checked to be set."""
-    key = "target_epsilon" if mode == "epsilon" else "noise_multiplier"
+    key = key or ("target_epsilon" if mode == "epsilon" else "noise_multiplier")
     value = privacy.get(key)
     if value is None:
         raise PrivacyError(
@@ -356,7 +432,7 @@ def make_private_job(
     num_examples: int,
 ) -> tuple[Any, nn.Module, torch.optim.Optimizer, DataLoader, PrivacySettings]:
     """`privacy` applied through the engine: (engine, model, optimizer, loader, settings)."""
-    mode = privacy_mode(privacy)
+    mode = privacy_mode(privacy)  # keys and values were checked by check_privacy_config
     if mode == "none":
         return (
             None,
@@ -366,6 +442,7 @@ def make_private_job(
             PrivacySettings(enabled=False, poisson_sampling=False),
         )
     value = _privacy_value(privacy, mode)
+    target_epsilon = _budget(privacy, mode)
     delta = _target_delta(privacy.get("target_delta"), num_examples)
     noise_schedule = _noise_schedule(schedule, mode)
     engine = _make_engine(privacy, settings.seed)
@@ -392,7 +469,7 @@ def make_private_job(
         noise_multiplier=float(optimizer.noise_multiplier),
         max_grad_norm=float(optimizer.max_grad_norm),
         sample_rate=float(optimizer.sample_rate),
-        target_epsilon=value if mode == "epsilon" else None,
+        target_epsilon=target_epsilon,
         target_delta=delta,
         clipping=str(common["clipping"]),
         grad_sample_mode=str(common["grad_sample_mode"]),
@@ -418,22 +495,25 @@ def build_job(cfg: DictConfig, run_dir: Path) -> tuple[TrainingJob, TrainSetting
 
     run_dir = join_run(resolved, run_dir)  # same config on every rank; rank 0's run folder
     settings = build_settings(resolved["train"], run_dir)
-    from dptrain.cli.trainer import seed_everything  # the loop seeds the same way at its start
+    private = check_privacy_config(resolved["privacy"]) != "none"
+    from dptrain.cli.trainer import check_model_selection, seed_everything
 
-    seed_everything(settings.seed)  # before the model's initialisation
+    check_model_selection(settings.keep_best, bool(resolved["dataset"].get("validation_size")))
+    seed_everything(settings.seed)  # before the model's initialisation (the loop seeds alike)
     hardware = resolved["hardware"]
     device, precision = build_device(hardware), build_precision(hardware)
     num_workers = _non_negative_int(hardware.get("num_workers", 0), "hardware.num_workers")
     splits = build_dataset(resolved["dataset"], settings.seed)
     model_key = _model_key(cfg)
     model = build_model(cfg.model)
-    private = privacy_mode(resolved["privacy"]) != "none"
     if private:
         check_private_model(model, model_key)
     check_model_fits_data(model, splits, model_key)
     model = wrap_model(model.to(device), resolved)  # DDP on hardware=ddp
     optimizer = build_optimizer(cfg.optimizer, model)
-    train_loader, test_loader = build_loaders(splits, settings, num_workers, shuffle=not private)
+    train_loader, test_loader, validation_loader = build_loaders(
+        splits, settings, num_workers, shuffle=not private
+    )
     engine, model, optimizer, train_loader, privacy = make_private_job(
         resolved["privacy"],
         resolved.get("noise_schedule"),
@@ -456,5 +536,6 @@ def build_job(cfg: DictConfig, run_dir: Path) -> tuple[TrainingJob, TrainSetting
         dataset_size=len(splits.train),
         config=resolved,
         precision=precision,
+        validation_loader=validation_loader,
     )
     return job, settings

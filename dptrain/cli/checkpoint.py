@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from dptrain.cli.ledger import config_differences, config_hash
+from dptrain.distributed.runtime import is_main_process
 from dptrain.errors import ConfigError
 from dptrain.io import atomic_write_bytes, fsync_dir
 
@@ -33,8 +34,12 @@ REQUIRED_KEYS = ("step", "epoch", "config", "config_hash", "model", "optimizer",
                  "generators")
 
 
-def save_checkpoint(path: Path | str, state: dict[str, Any]) -> str:
-    """Atomically write `state` to `path` (folder created); returns the payload's SHA-256."""
+def save_checkpoint(path: Path | str, state: dict[str, Any]) -> str | None:
+    """Atomically write `state` to `path` (folder created); returns the payload's SHA-256.
+
+    Under torch.distributed only rank 0 writes: the other ranks return None at once."""
+    if not is_main_process():
+        return None
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = _to_bytes(state)
@@ -47,7 +52,11 @@ def save_checkpoint(path: Path | str, state: dict[str, Any]) -> str:
 
 def link_checkpoint(source: Path | str, target: Path | str) -> None:
     """Make `target` an atomic copy of the finished checkpoint `source` (a hard link when the
-    file system allows, else a byte copy), replacing any previous `target`."""
+    file system allows, else a byte copy), replacing any previous `target`.
+
+    Under torch.distributed only rank 0 links (it alone wrote `source`); the others return."""
+    if not is_main_process():
+        return
     source, target = Path(source), Path(target)
     temporary = target.with_name(f".{target.name}.link.tmp")
     temporary.unlink(missing_ok=True)

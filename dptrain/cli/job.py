@@ -56,6 +56,9 @@ class TrainingJob:
     dataset_size: int                        # N, the number of training examples
     config: dict[str, Any]                   # the fully resolved config (for the ledger and its hash)
     precision: str = "fp32"                  # "fp32" | "bf16" (autocast)
+    # Examples held out of the training split (dataset.validation_size; not in dataset_size):
+    # evaluated with the test split, and the only split train.keep_best may select on.
+    validation_loader: torch.utils.data.DataLoader | None = None
 
 
 @dataclass
@@ -69,7 +72,7 @@ class TrainSettings:
     seed: int
     eval_every: int = 1                      # epochs between evaluations (0: only at the end)
     checkpoint_every: int = 1                # epochs between checkpoints (0: only at the end)
-    keep_best: bool = False                  # also keep best.pt by test accuracy
+    keep_best: bool = False                  # also keep best.pt by validation accuracy
     resume: str | None = None                # a checkpoint path, "auto", or None
     max_steps: int | None = None             # stop after this many logical steps (smoke tests)
     progress: bool = True                    # rich progress bars

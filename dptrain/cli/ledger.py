@@ -71,7 +71,17 @@ LEDGER_SCHEMA: dict[str, Any] = {
         "dataset": {
             "type": "object",
             "required": ["name", "size"],
-            "properties": {"name": {"type": "string"}, "size": {"type": "integer", "minimum": 0}},
+            "properties": {"name": {"type": "string"}, "size": {"type": "integer", "minimum": 0},
+                           "validation_size": {"type": "integer", "minimum": 0}},
+        },
+        "model_selection": {
+            "type": ["object", "null"],
+            "required": ["checkpoint", "criterion", "validation_size", "covered_by_epsilon",
+                         "note"],
+            "properties": {"checkpoint": {"type": "string"}, "criterion": {"type": "string"},
+                           "validation_size": {"type": "integer", "minimum": 1},
+                           "covered_by_epsilon": {"type": "boolean", "enum": [False]},
+                           "note": {"type": "string"}},
         },
         "mechanism": {"type": ["object", "null"]},
         "accountant": {"type": ["string", "null"]},
@@ -104,6 +114,7 @@ LEDGER_SCHEMA: dict[str, Any] = {
             },
         },
         "resumes": {"type": "array", "items": {"type": "object"}},
+        "start_fingerprint": {"type": ["string", "null"]},
     },
 }
 
@@ -170,6 +181,13 @@ def history_from_json(runs: list[dict[str, Any]]) -> History:
     return [(float(r["noise_multiplier"]), float(r["sample_rate"]), int(r["steps"])) for r in runs]
 
 
+def default_delta(num_examples: int) -> float:
+    """The delta used when privacy.target_delta is null: 1/(10 N) rounded down to a power of ten
+    (N = 1,442 -> 1e-5, N = 60,000 -> 1e-6)."""
+    exponent = len(str(10 * max(1, int(num_examples)) - 1))  # smallest k with 10^k >= 10 N
+    return float(10.0**-exponent)
+
+
 def epsilon_of(history: History, delta: float, accountant: str) -> float:
     """Epsilon of `history` at `delta` under `accountant`; 0.0 for an empty history.
 
@@ -187,6 +205,24 @@ def _cached_epsilon(history: tuple[tuple[float, float, int], ...], delta: float,
     from dptrain.accounting import compute_epsilon
 
     return float(compute_epsilon(list(history), delta, accountant=accountant))
+
+
+def best_checkpoint_selection(checkpoint: str, validation_size: int) -> dict[str, Any]:
+    """The ledger's `model_selection` entry for a run that keeps its best checkpoint.
+
+    The validation examples never enter training, so epsilon (a guarantee for the N training
+    examples) does not cover them, and choosing the checkpoint on them is not covered either.
+    """
+    return {
+        "checkpoint": checkpoint,
+        "criterion": "highest validation accuracy",
+        "validation_size": int(validation_size),
+        "covered_by_epsilon": False,
+        "note": (f"{checkpoint} is chosen by its accuracy on the {int(validation_size)} "
+                 "validation examples held out of the training split (not counted in "
+                 "dataset.size). They never enter training, but the choice depends on them: "
+                 "epsilon covers the training examples only, not this choice."),
+    }
 
 
 def available_accountants() -> list[str]:
@@ -232,8 +268,14 @@ class PrivacyLedger:
         accountant: str | None,
         target_epsilon: float | None,
         delta: float | None,
+        validation_size: int = 0,
+        model_selection: dict[str, Any] | None = None,
     ) -> PrivacyLedger:
-        """A fresh ledger (status "running", empty history); `mechanism=None` is non-private."""
+        """A fresh ledger (status "running", empty history); `mechanism=None` is non-private.
+
+        `dataset_size` is N, the training examples; `validation_size` the examples held out of
+        them; `model_selection` what `best_checkpoint_selection` says (None: no selection).
+        """
         from dptrain import __version__
 
         data: dict[str, Any] = {
@@ -244,7 +286,9 @@ class PrivacyLedger:
             "private": mechanism is not None,
             "config": config,
             "config_hash": config_hash(config),
-            "dataset": {"name": dataset_name, "size": int(dataset_size)},
+            "dataset": {"name": dataset_name, "size": int(dataset_size),
+                        "validation_size": int(validation_size)},
+            "model_selection": model_selection,
             "mechanism": mechanism,
             "accountant": accountant,
             "target": {"epsilon": target_epsilon, "delta": delta},
@@ -285,24 +329,31 @@ class PrivacyLedger:
         self.data["status"] = "running"
         self.write()
 
-    def record_checkpoints(self, paths: list[str], step: int, epoch: int, done: History) -> None:
-        """Add one entry per checkpoint file of the same state (the epsilon of `done`, the
-        `step` steps completed); one write."""
+    def record_checkpoints(self, paths: list[str], step: int, epoch: int, done: History,
+                           steps_completed: int | None = None) -> None:
+        """Add one entry per checkpoint file of the same state (at logical step `step`, with the
+        epsilon of `done`: every step spent so far); one write. `steps_completed` (default
+        `step`) also counts steps of earlier processes kept charged."""
         eps = self._claim(merge_history(done)) if self.private else None
-        total = history_steps(self.history) if self.private else int(step)
-        self.data["steps_completed"] = int(step)
-        self.data["committed_ahead"] = total - int(step)
+        completed = int(step if steps_completed is None else steps_completed)
+        total = history_steps(self.history) if self.private else completed
+        self.data["steps_completed"] = completed
+        self.data["committed_ahead"] = total - completed
         self.data["checkpoints"] += [{"path": path, "step": int(step), "epoch": int(epoch),
                                       "epsilon": eps} for path in paths]
         self.write()
 
-    def record_resume(self, checkpoint: str, step: int) -> None:
-        """Note a resume: steps committed by the interrupted process beyond `step` are dropped
-        from the history (they were never released: the replay recomputes them)."""
-        previous = self.data["steps_completed"] + self.data["committed_ahead"]
+    def record_resume(self, checkpoint: str | None, step: int, discarded: int = 0,
+                      charged: int = 0) -> None:
+        """Note a resume from `checkpoint` (None: a restart from step 0) at logical step `step`.
+
+        Of the steps the interrupted process had committed beyond that point, `discarded` were
+        dropped (the replay recomputes them exactly) and `charged` stay in the history (their
+        replay differs: secure mode, or a restart from another starting state; cli/replay.py).
+        """
         self.data["resumes"].append({"checkpoint": checkpoint, "step": int(step),
-                                     "discarded_committed_steps": max(0, previous - int(step)),
-                                     "time": _now()})
+                                     "discarded_committed_steps": int(discarded),
+                                     "charged_steps": int(charged), "time": _now()})
 
     def finish(self, status: str, history: History, steps_completed: int,
                error: str | None = None) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -26,6 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+import dptrain.cli.resolvers  # noqa: F401  (the configs' ${dptrain.*:...} resolvers)
 from dptrain.errors import DPTrainError
 
 if TYPE_CHECKING:  # torch-free import, so that `dptrain --help` starts fast
@@ -49,6 +50,15 @@ def _report_error(error: BaseException) -> None:
     sys.stderr.write("(run with -v or HYDRA_FULL_ERROR=1 for the traceback)\n")
 
 
+def stop_on_user_error(error: DPTrainError) -> NoReturn:
+    """Bad input found outside a job (e.g. by a Hydra callback): report it and exit with status
+    2, or re-raise it with its traceback under -v / HYDRA_FULL_ERROR=1."""
+    if _verbose():
+        raise error
+    _report_error(error)
+    sys.exit(CONFIG_ERROR_EXIT)
+
+
 def _format_epsilon(result: RunResult) -> str:
     if result.epsilon is None:
         return "no privacy guarantee (privacy=none)"
@@ -67,15 +77,23 @@ def _print_outcome(result: RunResult) -> None:
 
 def run_job(cfg: DictConfig) -> float | None:
     """One Hydra job: build from `cfg`, train, write result.json; returns the test accuracy."""
-    from dptrain.cli.results import failed_result, read_result, write_result
+    from dptrain.cli.results import (
+        failed_result,
+        failure_replaces_result,
+        ledger_snapshot,
+        read_result,
+        write_result,
+    )
 
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
+    ledger_before = ledger_snapshot(run_dir)
     try:
         from dptrain.distributed.launch import relaunch_with_torchrun  # hardware=ddp (issue 9)
 
-        code = relaunch_with_torchrun(cfg.get("hardware"), overrides, run_dir)
+        # --config-dir / --config-name and hydra.* overrides travel to the torchrun workers too
+        code = relaunch_with_torchrun(cfg.get("hardware"), overrides, run_dir, hydra=hydra_cfg)
         if code is not None:  # the torchrun workers trained and wrote result.json in run_dir
             if code != 0 and hydra_cfg.mode != RunMode.MULTIRUN:
                 sys.exit(code)
@@ -89,7 +107,8 @@ def run_job(cfg: DictConfig) -> float | None:
     except USER_ERRORS as error:
         if _verbose():
             raise
-        write_result(run_dir, failed_result(run_dir), overrides, " ".join(str(error).split()))
+        if failure_replaces_result(run_dir, ledger_before):  # keep an earlier run's result
+            write_result(run_dir, failed_result(run_dir), overrides, " ".join(str(error).split()))
         _report_error(error)
         if hydra_cfg.mode == RunMode.MULTIRUN:
             _failed_jobs.append(str(run_dir))

@@ -135,16 +135,12 @@ def _sigma_row(name: str, target: float, tolerance: float, plan: Plan) -> dict[s
     sigma = get_noise_multiplier(target_epsilon=target, target_delta=plan.delta,
                                  sample_rate=plan.sample_rate, steps=plan.steps, accountant=name,
                                  epsilon_tolerance=tolerance)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        row = _epsilon_row(name, sigma, plan)
-    return {"accountant": name, "noise_multiplier": sigma, "epsilon": row["epsilon"],
-            "approximate": row["approximate"], "warnings": []}
+    return {"accountant": name, "noise_multiplier": sigma, **_epsilon_row(name, sigma, plan)}
 
 
-def _note(row: dict[str, Any]) -> str:
+def _note(row: dict[str, Any], sigma: float | None) -> str:
     if math.isinf(row["epsilon"]):
-        return "infinite: no noise (sigma = 0)"
+        return "infinite: no noise (sigma = 0)" if sigma == 0 else "infinite: no finite guarantee"
     if row["approximate"]:
         return "approximation (CLT), not an upper bound"
     if "bounds" in row:
@@ -169,7 +165,8 @@ def _print_table(command: str, inputs: dict[str, Any], rows: list[dict[str, Any]
         cells = [row["accountant"]]
         if command == "sigma":
             cells.append(f"{row['noise_multiplier']:.4f}")
-        cells += [f"{row['epsilon']:.4f}", _note(row)]
+        sigma = row.get("noise_multiplier", inputs.get("noise_multiplier"))
+        cells += [f"{row['epsilon']:.4f}", _note(row, sigma)]
         table.add_row(*cells)
     Console().print(table)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dptrain.cli.job import RunResult
+from dptrain.cli.ledger import LEDGER_FILENAME
 from dptrain.io import atomic_write_json
 
 RESULT_FILENAME = "result.json"
@@ -51,6 +52,27 @@ def write_result(
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, result_record(result, overrides, error))
     return path
+
+
+def ledger_snapshot(run_dir: Path) -> bytes | None:
+    """The bytes of `run_dir`'s privacy ledger (None when it has none), taken before a job."""
+    try:
+        return (Path(run_dir) / LEDGER_FILENAME).read_bytes()
+    except OSError:
+        return None
+
+
+def failure_replaces_result(run_dir: Path, ledger_before: bytes | None) -> bool:
+    """Whether a job that failed should write its failure to `run_dir/result.json`.
+
+    Yes when the folder has no result yet (a new run, every sweep job) or when the failed job
+    changed the run (its ledger differs from `ledger_before`: it trained, then failed). No when
+    an attempt on an existing run was refused before training (a resume from another config, a
+    corrupt checkpoint...): the earlier run's result.json is left as it was.
+    """
+    if not (Path(run_dir) / RESULT_FILENAME).exists():
+        return True
+    return ledger_snapshot(run_dir) != ledger_before
 
 
 def read_result(run_dir: Path) -> dict[str, Any] | None:

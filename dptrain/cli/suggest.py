@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 CONF_PACKAGE = "dptrain.conf"
 PRIMARY = "config.yaml"
 NOT_GROUPS = ("hydra",)
+LAUNCHER_GROUP = "hydra/launcher"
 
 
 def _conf_root() -> Traversable:
@@ -85,7 +86,12 @@ def _hint_for(
     key: str, value: str, prefix: str, groups: dict[str, list[str]], keys: set[str]
 ) -> str | None:
     """The hint for one override, or None when it names a known group option or key."""
-    if key.split(".")[0] == "hydra" or ("+" in prefix and key not in groups):
+    if key == LAUNCHER_GROUP:
+        return (
+            f"{LAUNCHER_GROUP}={value}: Hydra's parallel and cluster launchers (joblib, "
+            f"submitit_local, submitit_slurm; dptrain's slurm) need `pip install \"dptrain[cluster]\"`."
+        )
+    if key.split(".")[0].split("/")[0] == "hydra" or ("+" in prefix and key not in groups):
         return None
     if key in groups:
         wrong = [v for v in value.split(",") if v and v not in groups[key]]

@@ -11,6 +11,10 @@ the epoch, `max_steps` or the budget, so a killed run over-reports by at most on
 or one epoch when shorter) and pays one ledger write (two fsyncs and one epsilon) per block rather
 than per step. Each committed step carries the exact (sigma, q) the optimizer will use: schedules
 are pure functions of the step index, so the upcoming values are known before the step runs.
+
+Resume (`settings.resume`): a checkpoint restores every state; the steps a crashed process had
+committed beyond the resume point are dropped only when the replay is exact, and otherwise stay
+charged in the ledger (see dptrain.cli.replay).
 """
 
 from __future__ import annotations
@@ -35,16 +39,25 @@ from dptrain.cli.ledger import (
     BudgetGuard,
     History,
     PrivacyLedger,
+    best_checkpoint_selection,
+    config_differences,
+    config_hash,
+    default_delta,
     epsilon_of,
+    history_from_json,
     history_steps,
     load_ledger,
     merge_history,
 )
+from dptrain.cli.replay import start_fingerprint, still_charged
+from dptrain.distributed.consistency import check_same_on_every_rank
+from dptrain.distributed.runtime import is_main_process
 from dptrain.errors import BudgetExhaustedError, ConfigError, PrivacyError
 from dptrain.io import JsonLines, ensure_writable_dir
 
 COMMIT_BLOCK_STEPS = 50   # at most this many steps committed ahead (bounded over-report on crash)
 METRICS_FILENAME = "metrics.jsonl"
+LAST, BEST = "last.pt", "best.pt"   # checkpoint names: the newest state, the best on validation
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -117,19 +130,20 @@ def _autocast(job: TrainingJob) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def evaluate(job: TrainingJob) -> tuple[float | None, float | None]:
-    """(mean loss, accuracy) of the model on job.test_loader; (None, None) without one.
+def evaluate(job: TrainingJob, loader: Iterable[Any] | None) -> tuple[float | None, float | None]:
+    """(mean loss, accuracy) of the model on `loader` (job.test_loader or
+    job.validation_loader); (None, None) without one.
 
     Runs under no_grad with the model in eval mode and leaves every global RNG untouched, so
     evaluating never changes the training trajectory (resume stays exact).
     """
-    if job.test_loader is None:
+    if loader is None:
         return None, None
     tally = _Tally()
     was_training = job.model.training
     job.model.eval()
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        for batch in job.test_loader:
+        for batch in loader:
             x, y = _to_device(batch, job.device)
             with _autocast(job):
                 out = job.model(x)
@@ -257,6 +271,25 @@ class _Started:
 
 
 # ----------------------------------------------------------------------------- the run
+@dataclass(frozen=True)
+class _Evaluation:
+    """The model's loss and accuracy after logical step `step`, on the test split and (None
+    without one) on the validation split held out of the training data."""
+
+    step: int
+    test_loss: float | None
+    test_accuracy: float | None
+    val_loss: float | None = None
+    val_accuracy: float | None = None
+
+    def metrics(self, validated: bool) -> dict[str, float | None]:
+        """The metrics.jsonl fields: test_loss, test_accuracy (+ val_loss, val_accuracy)."""
+        out = {"test_loss": self.test_loss, "test_accuracy": self.test_accuracy}
+        if validated:
+            out.update(val_loss=self.val_loss, val_accuracy=self.val_accuracy)
+        return out
+
+
 @dataclass
 class _Position:
     """Where the run is: logical steps done, epochs completed, steps into the current epoch."""
@@ -264,8 +297,8 @@ class _Position:
     step: int = 0
     epoch: int = 0
     steps_in_epoch: int = 0
-    best_accuracy: float | None = None
-    last_eval: tuple[int, float | None, float | None] | None = None  # (step, loss, accuracy)
+    best_val_accuracy: float | None = None   # of the checkpoint saved as best.pt
+    last_eval: _Evaluation | None = None
     stopped_at_budget: bool = False
 
 
@@ -280,51 +313,119 @@ class _Run:
         acc_name = _accountant_name(job) if self.spend.private else None
         self.guard = BudgetGuard(job.privacy.target_epsilon if self.spend.private else None,
                                  self.delta, acc_name)
+        validation_size = _validation_size(job)
         self.ledger = PrivacyLedger.create(
             run_dir, config=job.config, dataset_name=job.dataset_name,
             dataset_size=job.dataset_size, mechanism=_mechanism(job) if self.spend.private else None,
-            accountant=acc_name, target_epsilon=job.privacy.target_epsilon, delta=self.delta)
+            accountant=acc_name, target_epsilon=job.privacy.target_epsilon, delta=self.delta,
+            validation_size=validation_size,
+            model_selection=best_checkpoint_selection(f"{ckpt.CHECKPOINT_DIRNAME}/{BEST}",
+                                                      validation_size)
+            if settings.keep_best else None)
         self.metrics = JsonLines(run_dir / METRICS_FILENAME)
         self.display = _Display(settings.progress)
         self.generators = {**ckpt.find_generators(job.train_loader, "train_loader"),
                            **ckpt.find_generators(job.optimizer, "optimizer")}
-        self.committed = 0       # steps in the ledger's history (done + ahead)
+        self.committed = 0       # steps in the ledger's history (done + ahead), charged excluded
+        self.charged: History = []   # steps of earlier processes kept in the ledger (cli/replay.py)
+        self.ledger.data["start_fingerprint"] = self._fingerprint()
         self._last_saved_step: int | None = None
         self._epoch_start_generators: dict[str, torch.Tensor] = {}
         self._fast_forward: dict[str, Any] | None = None   # mid-epoch checkpoint to resume from
+        self._pending_resume: tuple[str | None, int, int] | None = None  # for record_resume
 
     # -- resume --------------------------------------------------------------------------------
     def resume(self) -> None:
-        """Restore everything from settings.resume, or refuse to overwrite another run's ledger."""
+        """Restore everything from settings.resume, or refuse to overwrite another run's ledger.
+
+        Reads only: nothing is written here (`record_resume` writes), so under hardware=ddp every
+        rank reads the run folder before rank 0 changes it. Steps the previous process committed
+        beyond the resume point are dropped when the replay is exact, else kept charged
+        (dptrain.cli.replay).
+        """
         path = ckpt.resolve_resume(self.settings.resume, self.run_dir)
         previous = self._previous_ledger()
-        if path is None:
-            if previous is not None and self.settings.resume != "auto":
-                raise ConfigError(
-                    f"{str(self.run_dir)!r} (train.run_dir) already holds a privacy ledger from "
-                    "another run; use a new folder, or `train.resume=auto` to continue that run.")
-            if previous is not None:
-                self.ledger.data["resumes"] = previous["resumes"]
-                self.ledger.data["resumes"].append({"checkpoint": None, "step": 0,
-                    "discarded_committed_steps": previous["steps_completed"]
-                    + previous["committed_ahead"]})
-            return
-        state = ckpt.load_checkpoint(path)
-        ckpt.check_same_config(state, self.job.config, path)
-        self._refuse_secure_rewind(state, previous, path)
-        self._restore(state, path)
         if previous is not None:
-            self.ledger.data["resumes"] = previous["resumes"]
-            self.ledger.data["checkpoints"] = [c for c in previous["checkpoints"]
-                                               if c["step"] <= self.pos.step]
-            self.ledger.data["steps_completed"] = previous["steps_completed"]
-            self.ledger.data["committed_ahead"] = previous["committed_ahead"]
+            self._refuse_other_run(previous, path)
+        state = None
+        if path is not None:
+            state = ckpt.load_checkpoint(path)
+            ckpt.check_same_config(state, self.job.config, path)
+            self._refuse_secure_rewind(state, previous, path)
+            self._restore(state, path)
+        if previous is None and state is None:
+            return  # a new run
+        self.charged = merge_history(state.get("charged", [])) if state is not None else []
+        discarded, charged = self._carry_over(previous, state) if previous is not None else (0, 0)
         self._refuse_if_exhausted(path)
-        self.ledger.record_resume(str(path), self.pos.step)
-        self.ledger.commit(self.spend.history(), steps_completed=self.pos.step)
+        self._pending_resume = (None if path is None else str(path), discarded, charged)
+
+    def record_resume(self) -> None:
+        """After a resume: note it in the ledger, commit the restored history and cut
+        metrics.jsonl back to the resume point (rank 0 writes). A no-op for a new run."""
+        if self._pending_resume is None:
+            return
+        path, discarded, charged = self._pending_resume
+        self._pending_resume = None
+        self.ledger.record_resume(path, self.pos.step, discarded, charged)
+        self.ledger.commit(self._spent(), steps_completed=self._steps_completed())
         self.committed = self.pos.step
         resumed_at = self.pos.step
         self.metrics.keep(lambda record: record.get("step", math.inf) <= resumed_at)
+
+    def resumed_state(self) -> dict[str, Any]:
+        """What every rank of a hardware=ddp run must have resumed to: step and spent history."""
+        return {"step": self.pos.step, "history": [list(run) for run in self._spent()]}
+
+    def _refuse_other_run(self, previous: dict[str, Any], path: Path | None) -> None:
+        """ConfigError when the run folder's ledger belongs to another run: no resume asked, or
+        a ledger written with another config (its history could not be replayed)."""
+        if path is None and self.settings.resume != "auto":
+            raise ConfigError(
+                f"The run folder {str(self.run_dir)!r} (hydra.run.dir) already holds a privacy "
+                "ledger from another run; use a new folder, or `train.resume=auto` to continue "
+                "that run. Nothing was changed.")
+        if previous["config_hash"] != config_hash(self.job.config):
+            keys = config_differences(previous["config"], self.job.config)
+            shown = ", ".join(keys[:10]) + (" ..." if len(keys) > 10 else "")
+            raise ConfigError(
+                f"The run folder {str(self.run_dir)!r} holds the privacy ledger of a run with a "
+                f"different config; differing keys: {shown or '(hash only)'}. Continue it with "
+                "the same config, or use a new folder (hydra.run.dir). Nothing was changed.")
+
+    def _carry_over(self, previous: dict[str, Any], state: dict[str, Any] | None
+                    ) -> tuple[int, int]:
+        """Keep the previous ledger's record (resumes, checkpoints up to the resume point) and
+        the steps it committed beyond that point which the replay does not reproduce exactly.
+
+        Returns (steps dropped, steps kept charged) of those beyond the resume point.
+        """
+        data = self.ledger.data
+        same_start = previous.get("start_fingerprint") == data["start_fingerprint"]
+        data["resumes"] = previous["resumes"]
+        data["checkpoints"] = [c for c in previous["checkpoints"] if c["step"] <= self.pos.step]
+        data["start_fingerprint"] = previous.get("start_fingerprint")
+        if not self.spend.private:
+            return max(0, previous["steps_completed"] - self.pos.step), 0
+        exact = not self.job.privacy.secure_mode and (state is not None or same_start)
+        history = history_from_json(previous["history"])
+        resumed_steps = history_steps(self.charged) + self.pos.step
+        lost = still_charged(history, resumed_steps, exact)
+        self.charged = merge_history(lost + self.charged)
+        beyond = max(0, history_steps(history) - resumed_steps)
+        return beyond - history_steps(lost), history_steps(lost)
+
+    def _fingerprint(self) -> str:
+        return start_fingerprint(unwrap(self.job.model), self.generators)
+
+    def _spent(self) -> History:
+        """Every step the ledger must count as spent: charged steps of earlier processes, then
+        the steps of this run's accountant (resumed steps included)."""
+        return merge_history(self.charged + self.spend.history())
+
+    def _steps_completed(self) -> int:
+        """Steps known to have run: charged ones and this run's logical steps."""
+        return history_steps(self.charged) + self.pos.step
 
     def _refuse_secure_rewind(self, state: dict[str, Any], previous: dict[str, Any] | None,
                               path: Path) -> None:
@@ -355,7 +456,7 @@ class _Run:
         self._restore_random_state(state, path)
         self.pos = _Position(step=int(state["step"]), epoch=int(state["epoch"]),
                              steps_in_epoch=int(state.get("steps_in_epoch", 0)),
-                             best_accuracy=state.get("best_accuracy"))
+                             best_val_accuracy=state.get("best_val_accuracy"))
         if self.spend.private and self.spend.steps() != self.pos.step:
             raise ConfigError(f"Checkpoint {str(path)!r} is inconsistent: step {self.pos.step} "
                               f"but its accountant holds {self.spend.steps()} steps.")
@@ -370,10 +471,12 @@ class _Run:
         ckpt.restore_generators(self.generators, state["generators"], path)
         ckpt.restore_rng_state(state["rng"])
 
-    def _refuse_if_exhausted(self, path: Path) -> None:
-        if not self.spend.private or self.guard.target is None:
+    def _refuse_if_exhausted(self, path: Path | None) -> None:
+        """BudgetExhaustedError when the run has steps left but the next one would exceed the
+        target epsilon (a finished run may be "resumed": it takes no step)."""
+        if not self.spend.private or self.guard.target is None or self._finished():
             return
-        if self.guard.admissible(self.spend.history(), self.spend.upcoming(1)) == 0:
+        if self.guard.admissible(self._spent(), self.spend.upcoming(1)) == 0:
             raise BudgetExhaustedError(
                 f"Cannot resume from {str(path)!r} (train.resume): its {self.pos.step} steps "
                 f"already reach the target epsilon {self.guard.target} "
@@ -390,12 +493,12 @@ class _Run:
         if not self.spend.private or self.committed > self.pos.step:
             return True
         block = min(COMMIT_BLOCK_STEPS, steps_left_in_epoch, self._steps_left_in_run())
-        done = self.spend.history()
+        done = self._spent()
         upcoming = self.spend.upcoming(max(1, int(block)))
         admitted = self.guard.admissible(done, upcoming)
         if admitted == 0:
             return False
-        self.ledger.commit(done + upcoming[:admitted], steps_completed=self.pos.step)
+        self.ledger.commit(done + upcoming[:admitted], steps_completed=self._steps_completed())
         self.committed = self.pos.step + admitted
         return True
 
@@ -408,7 +511,7 @@ class _Run:
         self.ledger.write()
         status = "completed"
         try:
-            while self.pos.epoch < self.settings.epochs and not self._stop_requested():
+            while not self._finished():
                 self._train_epoch()
                 if self.pos.stopped_at_budget:
                     status = "stopped_at_budget"
@@ -418,8 +521,12 @@ class _Run:
             self._fail(err)
             raise
         self._refresh_strategies()
-        self.ledger.finish(status, self.spend.history(), self.spend.steps())
+        self.ledger.finish(status, self._spent(), self._steps_completed())
         return self._result(status)
+
+    def _finished(self) -> bool:
+        """True when the loop has nothing left to train (every epoch, or max_steps, done)."""
+        return self.pos.epoch >= self.settings.epochs or self._stop_requested()
 
     def _stop_requested(self) -> bool:
         return self.settings.max_steps is not None and self.pos.step >= self.settings.max_steps
@@ -536,78 +643,96 @@ class _Run:
 
     # -- epoch ends, evaluation, checkpoints ---------------------------------------------------
     def _end_of_epoch(self, tally: _Tally) -> None:
+        """Evaluate, log and checkpoint as `eval_every` / `checkpoint_every` ask; with keep_best,
+        every evaluation that beats the best validation accuracy so far is saved as best.pt."""
         every = self.settings.eval_every
         evaluate_now = every > 0 and self.pos.epoch % every == 0
         if evaluate_now:
             self._evaluate()
         self._log(tally, evaluated=evaluate_now)
         every = self.settings.checkpoint_every
-        if every > 0 and self.pos.epoch % every == 0:
-            self._checkpoint([f"epoch_{self.pos.epoch}.pt", "last.pt", *self._best()])
+        due = every > 0 and self.pos.epoch % every == 0
+        names = ([f"epoch_{self.pos.epoch}.pt", LAST] if due else []) + self._best()
+        if names:
+            self._checkpoint(names)
 
     def _evaluate(self) -> None:
-        loss, acc = evaluate(self.job)
-        self.pos.last_eval = (self.pos.step, loss, acc)
+        job = self.job
+        test_loss, test_acc = evaluate(job, job.test_loader)
+        val_loss, val_acc = evaluate(job, job.validation_loader)
+        self.pos.last_eval = _Evaluation(self.pos.step, test_loss, test_acc, val_loss, val_acc)
 
     def _log(self, tally: _Tally, evaluated: bool) -> None:
         record: dict[str, Any] = {"epoch": self.pos.epoch, "step": self.pos.step,
                                   "train_loss": tally.loss, "train_accuracy": tally.accuracy,
                                   "epsilon": self._epsilon_done(), "time": time.time()}
         if evaluated and self.pos.last_eval is not None:
-            record["test_loss"], record["test_accuracy"] = self.pos.last_eval[1:]
+            record.update(self._eval_metrics())
         self.metrics.append(record)
+
+    def _eval_metrics(self) -> dict[str, float | None]:
+        """The last evaluation's metrics.jsonl fields (validation ones with a validation split)."""
+        return self.pos.last_eval.metrics(validated=self.job.validation_loader is not None)
 
     def _epsilon_done(self) -> float | None:
         if not self.spend.private:
             return None
-        return epsilon_of(self.spend.history(), self.delta, self.ledger.data["accountant"])
+        return epsilon_of(self._spent(), self.delta, self.ledger.data["accountant"])
 
     def _best(self) -> list[str]:
-        """["best.pt"] when keep_best and this step's evaluation beats every earlier one."""
-        if not self.settings.keep_best or self.pos.last_eval is None:
+        """[BEST] when keep_best and this step's validation accuracy beats every earlier one
+        (train.keep_best needs a validation split: `check_model_selection`)."""
+        last = self.pos.last_eval
+        if not self.settings.keep_best or last is None or last.step != self.pos.step:
             return []
-        step, _, acc = self.pos.last_eval
-        if acc is None or step != self.pos.step:
+        acc, best = last.val_accuracy, self.pos.best_val_accuracy
+        if acc is None or (best is not None and acc <= best):
             return []
-        if self.pos.best_accuracy is not None and acc <= self.pos.best_accuracy:
-            return []
-        self.pos.best_accuracy = acc
-        return ["best.pt"]
+        self.pos.best_val_accuracy = acc
+        return [BEST]
 
     def _final_eval_and_checkpoint(self) -> None:
-        if self.pos.last_eval is None or self.pos.last_eval[0] != self.pos.step:
+        if self.pos.last_eval is None or self.pos.last_eval.step != self.pos.step:
             self._evaluate()
             self.metrics.append({"epoch": self.pos.epoch, "step": self.pos.step, "final": True,
-                                 "test_loss": self.pos.last_eval[1],
-                                 "test_accuracy": self.pos.last_eval[2],
+                                 **self._eval_metrics(),
                                  "epsilon": self._epsilon_done(), "time": time.time()})
         if self._last_saved_step == self.pos.step:
             return  # the end-of-epoch checkpoint already saved this very state
-        self._checkpoint(["last.pt", *self._best()])
+        self._checkpoint([LAST, *self._best()])
 
     def _checkpoint(self, names: list[str]) -> None:
-        """Save the run's state under checkpoints/<names[0]>, link the other names to it, and
-        record them all in the ledger (one write)."""
+        """Save the run's state under checkpoints/<names[0]>, link the other names to it (rank 0
+        only: the other ranks of a hardware=ddp run hold the same state), and record them all in
+        the ledger (one write)."""
+        paths = [f"{ckpt.CHECKPOINT_DIRNAME}/{name}" for name in names]
+        if is_main_process():
+            self._write_checkpoint_files(paths)
+        if LAST in names:
+            self._last_saved_step = self.pos.step
+        self._refresh_strategies()
+        self.ledger.record_checkpoints(paths, self.pos.step, self.pos.epoch, self._spent(),
+                                       steps_completed=self._steps_completed())
+
+    def _write_checkpoint_files(self, paths: list[str]) -> None:
+        """The run's state written to run_dir/paths[0], the other paths linked to it."""
         state = {
             "step": self.pos.step, "epoch": self.pos.epoch,
-            "steps_in_epoch": self.pos.steps_in_epoch, "best_accuracy": self.pos.best_accuracy,
+            "steps_in_epoch": self.pos.steps_in_epoch,
+            "best_val_accuracy": self.pos.best_val_accuracy,
             "config": self.job.config, "config_hash": self.ledger.data["config_hash"],
             "model": unwrap(self.job.model).state_dict(),
             "optimizer": self.job.optimizer.state_dict(),
             "engine": _engine_state(self.job.engine) if self.spend.private else None,
             "history": self.spend.history(),
+            "charged": self.charged,
             "rng": ckpt.capture_rng_state(),
             "generators": ckpt.generator_states(self.generators),
             "epoch_start_generators": self._epoch_start_generators,
         }
-        paths = [f"{ckpt.CHECKPOINT_DIRNAME}/{name}" for name in names]
         ckpt.save_checkpoint(self.run_dir / paths[0], state)
         for path in paths[1:]:
             ckpt.link_checkpoint(self.run_dir / paths[0], self.run_dir / path)
-        if "last.pt" in names:
-            self._last_saved_step = self.pos.step
-        self._refresh_strategies()
-        self.ledger.record_checkpoints(paths, self.pos.step, self.pos.epoch, self.spend.history())
 
     def _refresh_strategies(self) -> None:
         """Ghost clipping decides per-layer strategies on the batches it sees: record them."""
@@ -619,12 +744,13 @@ class _Run:
     def _fail(self, err: BaseException) -> None:
         """Mark the ledger failed, keeping every committed step (never under-report)."""
         message = f"{type(err).__name__}: {err}"
-        steps = self.pos.step if self.spend.private else self.spend.steps()
         with contextlib.suppress(Exception):  # the original error matters more than the write
-            self.ledger.finish("failed", self.ledger.history, steps, error=message)
+            self.ledger.finish("failed", self.ledger.history, self._steps_completed(),
+                               error=message)
 
     def _result(self, status: str) -> RunResult:
-        _, loss, acc = self.pos.last_eval or (None, None, None)
+        last = self.pos.last_eval
+        loss, acc = (None, None) if last is None else (last.test_loss, last.test_accuracy)
         result = RunResult(status=status, steps=self.pos.step, epochs_completed=self.pos.epoch,
                            epsilon=self.ledger.epsilon, delta=self.delta if self.spend.private else None,
                            test_accuracy=acc, test_loss=loss, run_dir=self.run_dir)
@@ -634,12 +760,13 @@ class _Run:
 
 # ----------------------------------------------------------------------------- job description
 def _delta(job: TrainingJob) -> float | None:
-    """The delta epsilon is reported at: privacy.target_delta, else min(1e-5, 1/N)."""
+    """The delta epsilon is reported at: privacy.target_delta, else 1/(10 N) rounded down to a
+    power of ten (the CLI always sets target_delta by that rule)."""
     if job.engine is None:
         return None
     if job.privacy.target_delta is not None:
         return float(job.privacy.target_delta)
-    return min(1e-5, 1.0 / max(1, job.dataset_size))
+    return default_delta(job.dataset_size)
 
 
 def _accountant_name(job: TrainingJob) -> str:
@@ -693,6 +820,26 @@ def _load_engine_state(engine: Any, state: dict[str, Any]) -> None:
         engine.accountant.load_state_dict(state["accountant"])
 
 
+def _validation_size(job: TrainingJob) -> int:
+    """The number of validation examples (0 without a validation split)."""
+    loader = job.validation_loader
+    return 0 if loader is None else len(loader.dataset)
+
+
+def check_model_selection(keep_best: bool, has_validation: bool) -> None:
+    """ConfigError for train.keep_best=true without a validation split (dataset.validation_size).
+
+    Choosing the best checkpoint on the test split would bias the test accuracy it reports.
+    """
+    if keep_best and not has_validation:
+        raise ConfigError(
+            "train.keep_best=true needs a validation split to choose the best checkpoint on: "
+            "picking it on the test split would make its reported test accuracy optimistic. "
+            "Hold out training examples with dataset.validation_size (a count, or a fraction "
+            "such as 0.1; they are then not trained on and not counted in N), or set "
+            "train.keep_best=false.")
+
+
 def _check_settings(job: TrainingJob, settings: TrainSettings) -> None:
     """ConfigError for loop settings that cannot be used, naming the `train.*` key."""
     checks = [
@@ -709,21 +856,46 @@ def _check_settings(job: TrainingJob, settings: TrainSettings) -> None:
     for ok, key, value, want in checks:
         if not ok:
             raise ConfigError(f"{key}={value!r} cannot be used: set it to {want}.")
+    check_model_selection(settings.keep_best, job.validation_loader is not None)
 
 
 def train(job: TrainingJob, settings: TrainSettings) -> RunResult:
     """Run a training job: loop, evaluation, metrics, ledger, checkpoints, resume, budget guard.
 
     Raises ConfigError before training when the run folder cannot be written, a setting is
-    invalid, or the resume checkpoint is missing, corrupt or from another config; raises
+    invalid, or the resume checkpoint is missing, corrupt or from another config (under
+    hardware=ddp: on every rank, also when the ranks resumed to different states); raises
     BudgetExhaustedError when resuming a run whose budget is already spent.
     """
     _check_settings(job, settings)
     run_dir = ensure_writable_dir(settings.run_dir)
     seed_everything(settings.seed)
     run = _Run(job, settings, run_dir)
-    run.resume()
-    from dptrain.distributed.runtime import barrier
-
-    barrier()  # hardware=ddp: rank 0 writes its ledger only after every rank has read the folder
+    _resume_on_every_rank(run)
+    run.record_resume()
     return run.run()
+
+
+def _resume_on_every_rank(run: _Run) -> None:
+    """`run.resume()`, then one collective check that every rank resumed to the same state.
+
+    Without a file system shared by the nodes, a rank may find no (or an older) checkpoint and
+    ledger; its steps, history and noise would then differ from rank 0's. The check makes every
+    rank raise (a ConfigError, or on a rank whose resume failed, its own error) instead of one
+    rank failing alone while the others wait for it in a collective. It is also the point after
+    which rank 0 may write the folder every rank has now read (`record_resume`).
+    """
+    failure: Exception | None = None
+    try:
+        run.resume()
+    except Exception as error:  # re-raised below, once every rank knows
+        failure = error
+    values = {"error": f"{type(failure).__name__}: {failure}"} if failure else run.resumed_state()
+    try:
+        check_same_on_every_rank(values, "the resumed state",
+                                 "every node must see the run folder (shared file system).")
+    except ConfigError:
+        if failure is None:
+            raise
+    if failure is not None:
+        raise failure

@@ -106,3 +106,30 @@ def test_a_model_target_that_cannot_be_imported_names_model_target(dptrain):
 def test_an_argument_the_model_does_not_take_is_named(dptrain):
     err = dptrain("+model.depth=3", *QUIET)
     assert "depth" in err and "digits_mlp" in err
+
+
+def test_an_added_misspelt_train_key_is_refused_not_ignored(dptrain):
+    err = dptrain("+train.epoch=1", *QUIET)   # what Hydra itself suggests for train.epoch=1
+    assert "train.epoch" in err and "did you mean train.epochs" in err.lower()
+
+
+def test_an_unknown_privacy_key_is_refused_naming_the_close_one(dptrain):
+    err = dptrain("privacy=sigma", "+privacy.max_grad_nrom=2.0", *QUIET)
+    assert "privacy.max_grad_nrom" in err and "privacy.max_grad_norm" in err
+
+
+def test_an_option_the_dataset_does_not_take_is_refused(dptrain):
+    err = dptrain("+dataset.vocab_size=100", *QUIET)
+    assert "dataset.vocab_size" in err and "dataset=digits" in err
+
+
+def test_an_unwritable_run_folder_is_named_without_a_traceback(dptrain, tmp_path):
+    (tmp_path / "a_file").write_text("not a folder")
+    err = dptrain("hydra.run.dir=a_file/run", *QUIET)
+    assert "hydra.run.dir" in err and "cannot be written" in err
+
+
+def test_an_unwritable_sweep_folder_is_named_without_a_traceback(dptrain, tmp_path):
+    (tmp_path / "a_file").write_text("not a folder")
+    err = dptrain("-m", "hydra.sweep.dir=a_file/sweep", "train.seed=0,1", *QUIET)
+    assert "hydra.sweep.dir" in err and "cannot be written" in err

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from dptrain_runner import read_json
 from hydra import compose, initialize_config_module
 
 from dptrain.cli.build import build_job, build_settings, default_delta, privacy_mode
@@ -110,3 +111,83 @@ def test_a_null_target_delta_is_chosen_by_the_rule_and_said_in_the_log(tmp_path,
 def test_a_configured_target_delta_is_used_as_given(tmp_path):
     job, _ = build_job(compose_config("privacy=sigma", "privacy.target_delta=3e-6"), tmp_path)
     assert job.privacy.target_delta == 3e-6
+
+
+def test_a_noise_multiplier_left_in_an_epsilon_config_is_not_used_and_the_log_says_so(
+    tmp_path, caplog
+):
+    with caplog.at_level("WARNING", logger="dptrain.cli.build"):
+        job, _ = build_job(compose_config("+privacy.noise_multiplier=0.01"), tmp_path)
+    assert job.privacy.target_epsilon == 3.0 and job.privacy.noise_multiplier > 0.5
+    assert "privacy.noise_multiplier=0.01 is not used" in caplog.text
+
+
+def test_a_target_epsilon_with_a_given_sigma_becomes_the_budget_guards_target(tmp_path):
+    job, _ = build_job(compose_config("privacy=sigma", "+privacy.target_epsilon=2.0"), tmp_path)
+    assert (job.privacy.noise_multiplier, job.privacy.target_epsilon) == (1.0, 2.0)
+
+
+def test_a_given_sigma_without_target_epsilon_has_no_budget_cap(tmp_path):
+    job, _ = build_job(compose_config("privacy=sigma"), tmp_path)
+    assert job.privacy.target_epsilon is None
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [("+train.epoch=3", "train.epoch"), ("+privacy.max_grad_nrom=2", "privacy.max_grad_nrom")],
+)
+def test_an_added_key_that_would_be_ignored_is_refused_before_the_data_is_loaded(
+    tmp_path, monkeypatch, override, key
+):
+    import dptrain.cli.build as build
+
+    monkeypatch.setattr(build, "build_dataset", lambda *a, **k: pytest.fail("data was loaded"))
+    with pytest.raises(ConfigError, match=key):
+        build_job(compose_config(override), tmp_path)
+
+
+def test_the_transformer_config_follows_the_datasets_vocabulary_and_length(tmp_path):
+    job, _ = build_job(
+        compose_config(
+            "privacy=none",
+            "model=transformer",
+            "model.n_embd=16",
+            "dataset=imdb",
+            "dataset.synthetic=true",
+            "dataset.max_samples=16",
+            "dataset.vocab_size=100",
+            "dataset.max_len=12",
+            "train.batch_size=8",
+        ),
+        tmp_path,
+    )
+    assert (job.config["model"]["vocab_size"], job.config["model"]["seq_len"]) == (104, 12)
+    assert job.model.tok_emb.num_embeddings == 100 + 4 and job.model.pos_emb.num_embeddings == 12
+
+
+def test_a_validation_split_is_held_out_of_the_n_the_accountant_and_the_ledger_count(tmp_path):
+    from dptrain.cli.trainer import train
+
+    job, settings = build_job(
+        compose_config("privacy=sigma", "dataset.validation_size=0.2", "train.batch_size=64",
+                       "train.max_steps=2", "train.progress=false"),
+        tmp_path,
+    )
+    n = 1442 - round(0.2 * 1442)
+    assert (job.dataset_size, len(job.train_loader.dataset)) == (n, n)
+    assert len(job.validation_loader.dataset) == 1442 - n
+    train(job, settings)
+    ledger = read_json(tmp_path / "privacy_ledger.json")
+    assert ledger["dataset"] == {"name": "digits", "size": n, "validation_size": 1442 - n}
+    assert ledger["mechanism"]["sample_rate"] == 64 / n
+    assert ledger["history"] == [{"noise_multiplier": 1.0, "sample_rate": 64 / n, "steps": 2}]
+
+
+def test_keep_best_without_a_validation_split_is_refused_before_the_data_is_loaded(
+    tmp_path, monkeypatch
+):
+    import dptrain.cli.build as build
+
+    monkeypatch.setattr(build, "build_dataset", lambda *a, **k: pytest.fail("data was loaded"))
+    with pytest.raises(ConfigError, match="dataset.validation_size"):
+        build_job(compose_config("train.keep_best=true"), tmp_path)

@@ -54,3 +54,12 @@ def test_an_unknown_key_without_a_close_match_lists_the_groups():
 def test_a_misspelt_option_in_a_sweep_list_is_found():
     (line,) = hints(["optimizer=sgd,adamm"])
     assert "did you mean optimizer=adam" in line
+
+
+def test_a_missing_launcher_plugin_points_to_the_cluster_extra():
+    (line,) = hints(["hydra/launcher=joblib"])
+    assert "dptrain[cluster]" in line
+
+
+def test_other_hydra_overrides_get_no_hint():
+    assert hints(["hydra/job_logging=disabled", "hydra.run.dir=x"]) == []

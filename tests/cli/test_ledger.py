@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema  # a test dependency (pyproject [test]): the schema checks never skip
 import pytest
 from test_trainer_support import make_job, make_settings, tiny_config
 
@@ -31,10 +32,12 @@ def _non_private_ledger(run_dir: Path) -> PrivacyLedger:
     return ledger
 
 
-def test_written_ledger_validates_against_the_json_schema(tmp_path: Path) -> None:
-    jsonschema = pytest.importorskip("jsonschema")
-    train(make_job(private=False), make_settings(tmp_path, epochs=1))
+@pytest.mark.parametrize("private", [True, False])
+def test_written_ledger_validates_against_the_json_schema(tmp_path: Path, private: bool) -> None:
+    train(make_job(private=private), make_settings(tmp_path, epochs=2, max_steps=5))
+    train(make_job(private=private), make_settings(tmp_path, epochs=2, resume="auto"))
     data = json.loads((tmp_path / "privacy_ledger.json").read_text())
+    assert data["resumes"] and data["checkpoints"]
     jsonschema.validate(data, LEDGER_SCHEMA)
     assert schema_errors(data) == []
 
@@ -46,7 +49,6 @@ def test_schema_checker_reports_a_wrong_status() -> None:
 
 
 def test_schema_checker_agrees_with_jsonschema_on_a_missing_key(tmp_path: Path) -> None:
-    jsonschema = pytest.importorskip("jsonschema")
     data = _non_private_ledger(tmp_path).data
     del data["history"]
     assert any("history" in e for e in schema_errors(data))
@@ -108,3 +110,20 @@ def test_ledger_cmd_fails_on_a_corrupt_ledger_in_a_sweep(tmp_path: Path) -> None
     _non_private_ledger(tmp_path / "job1")
     (tmp_path / "job1" / "privacy_ledger.json").write_text("{")
     assert ledger_main([str(tmp_path)]) == 1
+
+
+def test_a_ledger_keeping_the_best_checkpoint_says_the_choice_is_not_covered_by_epsilon(
+        tmp_path: Path) -> None:
+    train(make_job(validation=True), make_settings(tmp_path, epochs=2, keep_best=True))
+    data = json.loads((tmp_path / "privacy_ledger.json").read_text())
+    jsonschema.validate(data, LEDGER_SCHEMA)
+    selection = data["model_selection"]
+    assert selection["checkpoint"] == "checkpoints/best.pt"
+    assert selection["covered_by_epsilon"] is False and selection["validation_size"] == 16
+    assert "not this choice" in selection["note"]
+    assert data["dataset"] == {"name": "tiny", "size": 48, "validation_size": 16}
+
+
+def test_a_ledger_without_best_checkpoint_selection_has_none(tmp_path: Path) -> None:
+    train(make_job(), make_settings(tmp_path, epochs=1))
+    assert load_ledger(tmp_path)["model_selection"] is None

@@ -86,3 +86,17 @@ def test_bad_input_in_a_real_process_exits_2_without_traceback():
     assert proc.returncode == 2
     assert proc.stderr.startswith("dptrain-privacy: error: --delta=0.0")
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_sigma_rows_keep_the_gdp_approximation_warning(capsys):
+    assert main(["sigma", "--target-epsilon", "2", "--delta", "1e-5", "--sample-rate", "0.01",
+                 "--steps", "100", "--accountant", "gdp", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["results"][0]
+    assert row["approximate"] is True and any("not an upper bound" in w for w in row["warnings"])
+
+
+def test_an_infinite_epsilon_with_some_noise_is_not_blamed_on_zero_noise(capsys):
+    assert main(["epsilon", "--sigma", "0.02", "--sample-rate", "0.01", "--steps", "10",
+                 "--delta", "1e-5", "--accountant", "gdp"]) == 0
+    out = capsys.readouterr().out
+    assert "no finite guarantee" in out and "sigma = 0" not in out

@@ -9,6 +9,7 @@ import pytest
 import torch
 from test_trainer_support import make_job, make_settings
 
+from dptrain.cli.checkpoint import load_checkpoint
 from dptrain.cli.ledger import NON_PRIVATE_NOTE, load_ledger
 from dptrain.cli.trainer import train
 from dptrain.errors import ConfigError
@@ -58,8 +59,58 @@ def test_checkpoints_every_epoch_plus_last(tmp_path: Path) -> None:
 
 
 def test_keep_best_writes_best_checkpoint(tmp_path: Path) -> None:
-    train(make_job(private=False), make_settings(tmp_path, keep_best=True))
+    train(make_job(private=False, validation=True), make_settings(tmp_path, keep_best=True))
     assert (tmp_path / "checkpoints" / "best.pt").is_file()
+
+
+def test_keep_best_without_a_validation_split_is_refused_naming_dataset_validation_size(
+        tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="dataset.validation_size"):
+        train(make_job(private=False), make_settings(tmp_path, keep_best=True))
+    assert not (tmp_path / "privacy_ledger.json").exists()
+
+
+def test_evaluations_log_validation_metrics_next_to_test_metrics(tmp_path: Path) -> None:
+    train(make_job(private=False, validation=True), make_settings(tmp_path, epochs=2))
+    lines = _metrics(tmp_path)
+    assert all({"val_loss", "val_accuracy", "test_loss", "test_accuracy"} <= set(line)
+               for line in lines)
+    assert all(0.0 <= line["val_accuracy"] <= 1.0 for line in lines)
+
+
+def test_without_a_validation_split_no_validation_metrics_are_logged(tmp_path: Path) -> None:
+    train(make_job(private=False), make_settings(tmp_path, epochs=2))
+    assert not any("val_accuracy" in line for line in _metrics(tmp_path))
+
+
+def _mislabelled_validation(job):
+    """The test examples with every label shifted: validation accuracy peaks where test
+    accuracy does not, so a best checkpoint chosen on the wrong split is told apart."""
+    x, y = job.test_loader.dataset.tensors
+    job.validation_loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, (y + 1) % 3), batch_size=8)
+    return job
+
+
+def test_the_best_checkpoint_is_chosen_on_validation_accuracy_not_test_accuracy(
+        tmp_path: Path) -> None:
+    job = _mislabelled_validation(make_job(private=False, validation=True))
+    train(job, make_settings(tmp_path, epochs=6, keep_best=True, checkpoint_every=0))
+    lines = _metrics(tmp_path)
+    by_validation = max(lines, key=lambda line: line["val_accuracy"])["step"]  # first maximum
+    by_test = max(lines, key=lambda line: line["test_accuracy"])["step"]
+    assert by_validation != by_test  # the data tells the two choices apart
+    best = load_checkpoint(tmp_path / "checkpoints" / "best.pt")
+    assert best["step"] == by_validation
+
+
+def test_a_new_best_between_checkpoint_epochs_is_saved_when_it_is_evaluated(
+        tmp_path: Path) -> None:
+    job = _mislabelled_validation(make_job(private=False, validation=True))
+    train(job, make_settings(tmp_path, epochs=6, keep_best=True, checkpoint_every=0))
+    ledger = load_ledger(tmp_path)
+    best_steps = [c["step"] for c in ledger["checkpoints"] if c["path"].endswith("best.pt")]
+    assert best_steps and best_steps[-1] < ledger["steps_completed"]  # not only at the end
 
 
 def test_unwritable_output_folder_is_a_config_error_before_training(tmp_path: Path) -> None:

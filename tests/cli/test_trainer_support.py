@@ -14,16 +14,19 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from dptrain.cli.job import PrivacySettings, TrainingJob, TrainSettings
 
-N_TRAIN, N_TEST, FEATURES, CLASSES = 48, 16, 5, 3
+N_TRAIN, N_TEST, N_VALIDATION, FEATURES, CLASSES = 48, 16, 16, 5, 3
 
 
-def tiny_data(seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
-    """Train/test sets: x [N, 5] float64, labels [N] in {0, 1, 2} from a fixed linear rule."""
+def tiny_data(seed: int = 0) -> tuple[TensorDataset, TensorDataset, TensorDataset]:
+    """Train/test/validation sets: x [N, 5] float64, labels [N] in {0, 1, 2} from a fixed linear
+    rule."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(N_TRAIN + N_TEST, FEATURES, generator=g, dtype=torch.float64)
     w = torch.randn(FEATURES, CLASSES, generator=g, dtype=torch.float64)
     y = (x @ w).argmax(dim=1)
-    return (TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), TensorDataset(x[N_TRAIN:], y[N_TRAIN:]))
+    x_val = torch.randn(N_VALIDATION, FEATURES, generator=g, dtype=torch.float64)
+    return (TensorDataset(x[:N_TRAIN], y[:N_TRAIN]), TensorDataset(x[N_TRAIN:], y[N_TRAIN:]),
+            TensorDataset(x_val, (x_val @ w).argmax(dim=1)))
 
 
 def tiny_model(dropout: float = 0.0) -> nn.Module:
@@ -50,10 +53,12 @@ def make_job(private: bool = True, seed: int = 0, noise_multiplier: float = 1.0,
              target_epsilon: float | None = None, accountant: str = "rdp",
              batch_size: int = 12, dropout: float = 0.0, config: dict | None = None,
              loss_fn: Any = None, noise_schedule: dict | None = None,
-             engine_kwargs: dict | None = None, secure: bool = False) -> TrainingJob:
-    """A ready job; private ones go through dptrain.PrivacyEngine with seeded generators."""
+             engine_kwargs: dict | None = None, secure: bool = False,
+             validation: bool = False) -> TrainingJob:
+    """A ready job; private ones go through dptrain.PrivacyEngine with seeded generators.
+    `validation` adds a validation loader (N_VALIDATION examples outside the training set)."""
     torch.manual_seed(seed)
-    train_set, test_set = tiny_data()
+    train_set, test_set, validation_set = tiny_data()
     model = tiny_model(dropout)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
     loader = DataLoader(train_set, batch_size=batch_size, shuffle=True,
@@ -80,7 +85,9 @@ def make_job(private: bool = True, seed: int = 0, noise_multiplier: float = 1.0,
                        test_loader=test_loader, loss_fn=loss_fn or nn.CrossEntropyLoss(),
                        device=torch.device("cpu"), engine=engine, privacy=privacy,
                        dataset_name="tiny", dataset_size=N_TRAIN,
-                       config=config if config is not None else tiny_config())
+                       config=config if config is not None else tiny_config(),
+                       validation_loader=DataLoader(validation_set, batch_size=8)
+                       if validation else None)
 
 
 def make_settings(run_dir: Path, **overrides: Any) -> TrainSettings:

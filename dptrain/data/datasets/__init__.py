@@ -3,13 +3,16 @@
 `load_dataset(name, **options)` returns a `DatasetSplits` (train/test `ArrayDataset`s and the
 number of classes). Options shared by every dataset: `root` (folder of the files; `~` expanded),
 `download`, `synthetic` (seeded random data of the same shapes, sizes and number of classes),
-`max_samples` (each split capped to that many examples, a seeded random subset) and `seed`;
-IMDb also takes `vocab_size` and `max_len`. No Hydra here: options are plain values.
+`max_samples` (each split capped to that many examples, a seeded random subset), `seed` and
+`validation_size` (training examples held out as a validation split, after the cap: a count or a
+fraction; see `DatasetSplits.with_validation`); IMDb also takes `vocab_size` and `max_len`. No
+Hydra here: options are plain values.
 """
 
 from __future__ import annotations
 
 import difflib
+import inspect
 from typing import Any, Callable
 
 from dptrain.data.datasets.base import ArrayDataset, DatasetSplits
@@ -26,6 +29,9 @@ DATASETS: dict[str, Callable[..., DatasetSplits]] = {
     "imdb": load_imdb,
 }
 
+# Options every dataset accepts (a loader may ignore some, e.g. digits has no root).
+COMMON_OPTIONS = ("root", "download", "synthetic", "max_samples", "seed", "validation_size")
+
 __all__ = ["ArrayDataset", "DATASETS", "DatasetSplits", "load_dataset"]
 
 
@@ -40,9 +46,15 @@ def _check_max_samples(max_samples: Any) -> None:
 
 
 def load_dataset(
-    name: str, *, max_samples: int | None = None, seed: int = 0, **options: Any
+    name: str,
+    *,
+    max_samples: int | None = None,
+    seed: int = 0,
+    validation_size: int | float = 0,
+    **options: Any,
 ) -> DatasetSplits:
-    """The train/test splits of dataset `name` (one of DATASETS) built with `options`."""
+    """The train/test (and validation, when `validation_size` is not 0) splits of dataset `name`
+    (one of DATASETS) built with `options`."""
     if name not in DATASETS:
         close = difflib.get_close_matches(str(name), DATASETS, n=1)
         hint = f" Did you mean dataset={close[0]}?" if close else ""
@@ -50,4 +62,26 @@ def load_dataset(
             f"dataset.name={name!r} is not a known dataset; choose one of {sorted(DATASETS)}.{hint}"
         )
     _check_max_samples(max_samples)
-    return DATASETS[name](max_samples=max_samples, seed=seed, **options)
+    _check_options(name, options)
+    splits = DATASETS[name](max_samples=max_samples, seed=seed, **options)
+    return splits.with_validation(validation_size, seed)
+
+
+def dataset_options(name: str) -> list[str]:
+    """The options dataset `name` accepts: COMMON_OPTIONS plus its loader's own keywords."""
+    parameters = inspect.signature(DATASETS[name]).parameters.values()
+    own = [p.name for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    return sorted(set(COMMON_OPTIONS) | set(own))
+
+
+def _check_options(name: str, options: dict[str, Any]) -> None:
+    """ConfigError for an option the loader would silently ignore (e.g. +dataset.vocab_sise)."""
+    known = dataset_options(name)
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f" Did you mean dataset.{close[0]}?" if close else ""
+        raise ConfigError(
+            f"dataset.{unknown[0]} is not an option of dataset={name}: it would be ignored.{hint} "
+            f"Remove it; dataset={name} takes {', '.join(known)}."
+        )

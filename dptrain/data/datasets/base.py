@@ -87,7 +87,10 @@ class ArrayDataset(Dataset):
 class DatasetSplits:
     """A dataset's train and test splits plus what the model config needs to know.
 
-    `info` carries loader-specific facts (e.g. IMDb's `vocab_size` and `max_len`).
+    `info` carries loader-specific facts (e.g. IMDb's `vocab_size` and `max_len`). `validation`,
+    when not None, holds examples taken out of the training split (`with_validation`): they are
+    never trained on, and `len(train)` (N, the training examples the accountant counts) excludes
+    them.
     """
 
     name: str
@@ -95,9 +98,11 @@ class DatasetSplits:
     test: ArrayDataset
     num_classes: int
     info: dict[str, Any] = field(default_factory=dict)
+    validation: ArrayDataset | None = None
 
     def capped(self, max_samples: int | None, seed: int) -> "DatasetSplits":
-        """Both splits cut to at most `max_samples` examples, chosen by a seeded permutation."""
+        """Train and test cut to at most `max_samples` examples each, chosen by a seeded
+        permutation (apply before `with_validation`: the validation examples are not capped)."""
         if max_samples is None:
             return self
         return DatasetSplits(
@@ -106,7 +111,56 @@ class DatasetSplits:
             random_subset(self.test, max_samples, seed + 1),
             self.num_classes,
             dict(self.info),
+            self.validation,
         )
+
+    def with_validation(self, validation_size: int | float, seed: int) -> "DatasetSplits":
+        """`validation_size` training examples (an int count, or a float fraction of the training
+        split) moved to `validation`, chosen by a permutation seeded with `seed`; both parts keep
+        the training split's order. 0 returns the splits unchanged.
+
+        Raises ConfigError (naming dataset.validation_size) for a size that leaves no example on
+        either side.
+        """
+        count = validation_count(validation_size, len(self.train))
+        if count == 0:
+            return self
+        generator = torch.Generator().manual_seed(seed)
+        held_out = torch.zeros(len(self.train), dtype=torch.bool)
+        held_out[torch.randperm(len(self.train), generator=generator)[:count]] = True
+        return DatasetSplits(
+            self.name,
+            self.train.subset(torch.nonzero(~held_out).flatten()),
+            self.test,
+            self.num_classes,
+            dict(self.info),
+            self.train.subset(torch.nonzero(held_out).flatten()),
+        )
+
+
+def validation_count(validation_size: Any, num_train: int) -> int:
+    """The number of examples `dataset.validation_size` holds out of `num_train` training ones.
+
+    An int is a count in [0, num_train); a float in (0, 1) a fraction, rounded to the nearest
+    count, which must be at least 1 and leave at least one training example. 0 (or 0.0) is none.
+    """
+    value = validation_size
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        count = -1  # refused below
+    elif isinstance(value, int) or value == 0:
+        count = int(value)
+    elif 0 < value < 1:
+        count = round(value * num_train) or -1  # too small a fraction for one example
+    else:
+        count = -1
+    if count != 0 and not 0 < count < num_train:
+        raise ConfigError(
+            f"dataset.validation_size={validation_size!r} cannot be held out of the {num_train} "
+            f"training examples: set it to a count in [0, {num_train}) or a fraction in (0, 1) "
+            f"that keeps at least one example on each side (e.g. dataset.validation_size=0.1; "
+            f"0 means no validation split)."
+        )
+    return count
 
 
 def random_subset(dataset: ArrayDataset, max_samples: int, seed: int) -> ArrayDataset:

@@ -10,8 +10,10 @@ Text -> model input, as in the Fast-DPSGD / Opacus paper benchmarks (Keras `imdb
 - vocabulary: the `vocab_size` (10,000) most frequent words of the TRAINING split only (ties broken
   alphabetically), numbered from 4; reserved indices pad = 0, start = 1, unknown = 2, unused = 3,
   so token ids lie in [0, vocab_size + 4);
-- sequence: [start, w_1, w_2, ...] cut to its first `max_len` (256) tokens, then padded at the end
-  with pad = 0 to exactly `max_len`. Inputs are int64 [max_len].
+- sequence: [start, w_1, w_2, ...] fitted to exactly `max_len` (256) ids the way the benchmarks'
+  Keras `pad_sequences` (defaults padding="pre", truncating="pre") does: a longer review keeps
+  its LAST `max_len` ids, a shorter one is padded with pad = 0 in FRONT. Inputs are int64
+  [max_len].
 """
 
 from __future__ import annotations
@@ -52,9 +54,10 @@ def build_vocabulary(token_lists: Iterable[list[str]], vocab_size: int) -> dict[
 
 
 def encode(tokens: list[str], vocabulary: dict[str, int], max_len: int) -> torch.Tensor:
-    """int64 [max_len]: start token, word ids (unknown = 2), cut to max_len, padded with 0."""
+    """int64 [max_len]: start token, then word ids (unknown = 2); only the last max_len ids are
+    kept, and a shorter sequence is padded with 0 in front (Keras pad_sequences' defaults)."""
     ids = [START] + [vocabulary.get(word, UNKNOWN) for word in tokens]
-    ids = ids[:max_len] + [PAD] * max(0, max_len - len(ids))
+    ids = [PAD] * max(0, max_len - len(ids)) + ids[-max_len:]
     return torch.tensor(ids, dtype=torch.int64)
 
 

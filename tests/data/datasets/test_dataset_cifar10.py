@@ -1,38 +1,12 @@
 """CIFAR-10 read from python pickle batches written by the test in the real format."""
 
-import pickle
-
-import numpy as np
 import pytest
 import torch
 
 from dptrain.data.datasets import load_dataset
 from dptrain.errors import ConfigError
 
-NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-
-
-def write_cifar10(root, per_batch=3, seed=0):
-    rng = np.random.default_rng(seed)
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True)
-    batches = {}
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        entry = {
-            b"batch_label": name.encode(),
-            b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
-            b"labels": rng.integers(0, 10, per_batch).tolist(),
-            b"filenames": [b"x.png"] * per_batch,
-        }
-        (folder / name).write_bytes(pickle.dumps(entry))
-        batches[name] = entry
-    meta = {
-        b"label_names": [n.encode() for n in NAMES],
-        b"num_cases_per_batch": per_batch,
-        b"num_vis": 3072,
-    }
-    (folder / "batches.meta").write_bytes(pickle.dumps(meta))
-    return batches
+from tests.data.datasets.on_disk import CIFAR10_NAMES, write_cifar10
 
 
 def test_cifar10_reads_the_five_training_batches_and_the_test_batch(tmp_path):
@@ -56,7 +30,7 @@ def test_cifar10_rows_become_channel_major_3x32x32_images(tmp_path):
 
 def test_cifar10_class_names_come_from_batches_meta(tmp_path):
     write_cifar10(tmp_path)
-    assert load_dataset("cifar10", root=tmp_path).info["classes"] == NAMES
+    assert load_dataset("cifar10", root=tmp_path).info["classes"] == CIFAR10_NAMES
 
 
 def test_cifar10_missing_offline_names_the_path_and_the_download_flag(tmp_path):

@@ -1,8 +1,5 @@
 """IMDb from aclImdb folders and the .tar.gz archive written by the test; tokenizer and vocabulary."""
 
-import io
-import tarfile
-
 import pytest
 import torch
 
@@ -10,30 +7,7 @@ from dptrain.data.datasets import load_dataset
 from dptrain.data.datasets.imdb import PAD, START, UNKNOWN, build_vocabulary, encode, tokenize
 from dptrain.errors import ConfigError
 
-REVIEWS = {
-    ("train", "pos"): ["A great, great film.<br />Loved it!", "great acting and a great plot"],
-    ("train", "neg"): ["Awful film. Boring plot", "boring, BORING"],
-    ("test", "pos"): ["great fun unseen words"],
-    ("test", "neg"): ["awful awful"],
-}
-
-
-def write_acl_imdb(root):
-    for (split, label), texts in REVIEWS.items():
-        folder = root / "aclImdb" / split / label
-        folder.mkdir(parents=True)
-        for i, text in enumerate(texts):
-            (folder / f"{i}_7.txt").write_text(text, encoding="utf-8")
-
-
-def write_archive(root):
-    with tarfile.open(root / "aclImdb_v1.tar.gz", "w:gz") as tar:
-        for (split, label), texts in REVIEWS.items():
-            for i, text in enumerate(texts):
-                data = text.encode("utf-8")
-                info = tarfile.TarInfo(f"aclImdb/{split}/{label}/{i}_7.txt")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
+from tests.data.datasets.on_disk import write_acl_imdb, write_archive
 
 
 def test_tokenizer_lowercases_strips_line_breaks_and_splits_on_non_word_characters():
@@ -52,13 +26,13 @@ def test_vocabulary_keeps_the_most_frequent_words_numbered_after_4_reserved_ids(
     assert vocab == {"b": 4, "a": 5}
 
 
-def test_encoding_starts_with_the_start_id_maps_unknown_words_and_pads_with_zero():
+def test_encoding_starts_with_the_start_id_maps_unknown_words_and_pads_in_front_with_zero():
     ids = encode(["a", "zzz"], {"a": 4}, max_len=5)
-    assert ids.tolist() == [START, 4, UNKNOWN, PAD, PAD]
+    assert ids.tolist() == [PAD, PAD, START, 4, UNKNOWN]
 
 
-def test_encoding_cuts_long_reviews_to_max_len():
-    assert encode(["a"] * 10, {"a": 4}, max_len=3).tolist() == [START, 4, 4]
+def test_encoding_keeps_the_last_max_len_ids_of_a_long_review():
+    assert encode(["a"] * 9 + ["b"], {"a": 4, "b": 5}, max_len=3).tolist() == [4, 4, 5]
 
 
 def test_imdb_folder_gives_labelled_fixed_length_token_ids(tmp_path):
@@ -67,7 +41,8 @@ def test_imdb_folder_gives_labelled_fixed_length_token_ids(tmp_path):
     assert len(splits.train) == 4 and len(splits.test) == 2
     assert sorted(splits.train.labels.tolist()) == [0, 0, 1, 1]
     assert splits.train.features.shape == (4, 8) and splits.train.features.dtype == torch.int64
-    assert bool((splits.train.features[:, 0] == START).all())
+    assert bool((splits.train.features[:, -1] != PAD).all())
+    assert all(START in row.tolist() for row in splits.train.features)
 
 
 def test_imdb_vocabulary_comes_from_the_training_split_only(tmp_path):
@@ -75,7 +50,7 @@ def test_imdb_vocabulary_comes_from_the_training_split_only(tmp_path):
     splits = load_dataset("imdb", root=tmp_path, max_len=6)
     fun_review = splits.test.features[splits.test.labels == 1][0]
     # "great" is the most frequent training word (id 4); "fun", "unseen", "words" never occur in training.
-    assert fun_review.tolist() == [START, 4, UNKNOWN, UNKNOWN, UNKNOWN, PAD]
+    assert fun_review.tolist() == [PAD, START, 4, UNKNOWN, UNKNOWN, UNKNOWN]
 
 
 def test_imdb_vocab_size_limits_the_word_ids(tmp_path):

@@ -1,44 +1,12 @@
 """MNIST read from IDX files written by the test in the real format (plain and gzip)."""
 
-import gzip
-import struct
-
-import numpy as np
 import pytest
 import torch
 
 from dptrain.data.datasets import load_dataset
 from dptrain.errors import ConfigError
 
-STEMS = {
-    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-}
-
-
-def idx_bytes(array: np.ndarray) -> bytes:
-    """IDX encoding of a uint8 array: 0, 0, type 0x08, ndim, big-endian uint32 sizes, data."""
-    header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim) + struct.pack(
-        f">{array.ndim}I", *array.shape
-    )
-    return header + array.astype(np.uint8).tobytes()
-
-
-def write_mnist(folder, n_train=6, n_test=4, compress=False, seed=0):
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    arrays = {}
-    for split, n in (("train", n_train), ("test", n_test)):
-        images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
-        labels = rng.integers(0, 10, size=n, dtype=np.uint8)
-        arrays[split] = (images, labels)
-        for stem, array in zip(STEMS[split], (images, labels)):
-            data = idx_bytes(array)
-            if compress:
-                (folder / f"{stem}.gz").write_bytes(gzip.compress(data))
-            else:
-                (folder / stem).write_bytes(data)
-    return arrays
+from tests.data.datasets.on_disk import write_mnist
 
 
 @pytest.mark.parametrize("compress", [False, True])

@@ -1,0 +1,24 @@
+"""Only dptrain.cli imports Hydra: the engine (every other module) works without it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+IMPORT_ENGINE = """
+import importlib, pkgutil, sys
+import dptrain
+names = [m.name for m in pkgutil.walk_packages(dptrain.__path__, "dptrain.")
+         if not m.name.startswith(("dptrain.cli", "dptrain.conf"))]
+for name in names:
+    importlib.import_module(name)
+loaded = sorted(k for k in sys.modules if k.split(".")[0] in ("hydra", "omegaconf"))
+print(len(names), loaded)
+"""
+
+
+def test_importing_every_engine_module_loads_neither_hydra_nor_omegaconf() -> None:
+    out = subprocess.run([sys.executable, "-c", IMPORT_ENGINE], capture_output=True, text=True,
+                         check=True).stdout.split(maxsplit=1)
+    count, loaded = int(out[0]), out[1].strip()
+    assert count > 30 and loaded == "[]"

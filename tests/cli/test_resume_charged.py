@@ -1,0 +1,138 @@
+"""Steps a crashed process committed beyond the resume point: dropped only when the replay is exact.
+
+An exact replay (a checkpoint, or a restart from the same starting state, without secure mode)
+recomputes the same batches and noise, so the ledger ends equal to an uninterrupted run's. Any
+other replay (secure mode, a restart from another starting state) keeps those steps charged, so
+the ledger never counts less than what the crashed process may have released.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_trainer_support import N_TRAIN, make_job, make_settings, tiny_config
+
+from dptrain.cli.checkpoint import load_checkpoint
+from dptrain.cli.ledger import epsilon_of, history_from_json, history_steps, load_ledger
+from dptrain.cli.replay import steps_after, still_charged
+from dptrain.cli.trainer import train
+from dptrain.errors import ConfigError
+
+Q = 12 / N_TRAIN
+STEPS_PER_EPOCH = 4
+
+
+def _crash_at_call(n: int):
+    """A loss that raises KeyboardInterrupt (a kill) on its n-th training call."""
+    calls = {"n": 0}
+
+    def loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled():
+            calls["n"] += 1
+            if calls["n"] == n:
+                raise KeyboardInterrupt
+        return torch.nn.functional.cross_entropy(out, y)
+
+    return loss
+
+
+def _metric_steps(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines]
+
+
+def _crash(run_dir: Path, at_call: int, **job_kwargs) -> dict:
+    with pytest.raises(KeyboardInterrupt):
+        train(make_job(loss_fn=_crash_at_call(at_call), **job_kwargs),
+              make_settings(run_dir, epochs=3))
+    return load_ledger(run_dir)
+
+
+def test_steps_after_keeps_the_tail_of_a_history() -> None:
+    history = [(1.0, 0.1, 3), (0.5, 0.1, 4)]
+    assert steps_after(history, 5) == [(0.5, 0.1, 2)]
+    assert steps_after(history, 0) == history and steps_after(history, 7) == []
+
+
+def test_an_exact_replay_charges_nothing_else_the_whole_tail() -> None:
+    history = [(1.0, 0.1, 10)]
+    assert still_charged(history, 4, replays_exactly=True) == []
+    assert still_charged(history, 4, replays_exactly=False) == [(1.0, 0.1, 6)]
+
+
+def test_a_restart_before_any_checkpoint_from_the_same_start_equals_an_uninterrupted_run(
+        tmp_path: Path) -> None:
+    train(make_job(), make_settings(tmp_path / "a", epochs=3))
+    crashed = _crash(tmp_path / "b", at_call=3)              # in epoch 1: no checkpoint yet
+    assert crashed["checkpoints"] == [] and history_steps(history_from_json(crashed["history"])) > 0
+    train(make_job(), make_settings(tmp_path / "b", epochs=3, resume="auto"))
+    ledger = load_ledger(tmp_path / "b")
+    assert ledger["history"] == load_ledger(tmp_path / "a")["history"]
+    resume = ledger["resumes"][-1]
+    assert (resume["checkpoint"], resume["charged_steps"]) == (None, 0)
+
+
+def test_a_restart_from_another_starting_state_keeps_the_crashed_steps_charged(
+        tmp_path: Path) -> None:
+    crashed = _crash(tmp_path, at_call=3)
+    committed = history_steps(history_from_json(crashed["history"]))
+    train(make_job(seed=7), make_settings(tmp_path, epochs=3, resume="auto"))  # other init/noise
+    ledger = load_ledger(tmp_path)
+    assert history_from_json(ledger["history"]) == [(1.0, Q, committed + 3 * STEPS_PER_EPOCH)]
+    assert ledger["resumes"][-1]["charged_steps"] == committed
+    assert ledger["steps_completed"] == committed + 3 * STEPS_PER_EPOCH
+
+
+def test_secure_mode_keeps_the_steps_committed_after_the_last_checkpoint_charged(
+        tmp_path: Path) -> None:
+    crashed = _crash(tmp_path, at_call=STEPS_PER_EPOCH + 2, secure=True)   # in epoch 2
+    lost = history_steps(history_from_json(crashed["history"])) - STEPS_PER_EPOCH
+    assert lost > 0
+    result = train(make_job(secure=True), make_settings(tmp_path, epochs=3, resume="auto"))
+    ledger = load_ledger(tmp_path)
+    total = 3 * STEPS_PER_EPOCH + lost
+    assert history_from_json(ledger["history"]) == [(1.0, Q, total)]
+    assert result.epsilon == ledger["epsilon"] == epsilon_of([(1.0, Q, total)], 1e-5, "rdp")
+    assert ledger["resumes"][-1]["charged_steps"] == lost
+
+
+def test_charged_steps_survive_a_second_resume_through_the_checkpoint(tmp_path: Path) -> None:
+    crashed = _crash(tmp_path, at_call=STEPS_PER_EPOCH + 2, secure=True)
+    lost = history_steps(history_from_json(crashed["history"])) - STEPS_PER_EPOCH
+    train(make_job(secure=True), make_settings(tmp_path, epochs=3, max_steps=10, resume="auto"))
+    assert load_checkpoint(tmp_path / "checkpoints" / "last.pt")["charged"] == [(1.0, Q, lost)]
+    train(make_job(secure=True), make_settings(tmp_path, epochs=3, resume="auto"))
+    ledger = load_ledger(tmp_path)
+    assert history_from_json(ledger["history"]) == [(1.0, Q, 3 * STEPS_PER_EPOCH + lost)]
+
+
+def test_each_checkpoint_entry_counts_the_charged_steps_in_its_epsilon(tmp_path: Path) -> None:
+    crashed = _crash(tmp_path, at_call=STEPS_PER_EPOCH + 2, secure=True)
+    lost = history_steps(history_from_json(crashed["history"])) - STEPS_PER_EPOCH
+    train(make_job(secure=True), make_settings(tmp_path, epochs=3, resume="auto"))
+    last = load_ledger(tmp_path)["checkpoints"][-1]
+    assert last["step"] == 3 * STEPS_PER_EPOCH
+    assert last["epsilon"] == epsilon_of([(1.0, Q, last["step"] + lost)], 1e-5, "rdp")
+
+
+def test_resume_auto_refuses_a_ledger_of_another_config_even_without_checkpoint(
+        tmp_path: Path) -> None:
+    _crash(tmp_path, at_call=3)
+    before = (tmp_path / "privacy_ledger.json").read_bytes()
+    other = make_job(config=tiny_config(**{"optimizer.lr": 0.5}))
+    with pytest.raises(ConfigError, match=r"optimizer\.lr"):
+        train(other, make_settings(tmp_path, epochs=3, resume="auto"))
+    assert (tmp_path / "privacy_ledger.json").read_bytes() == before
+
+
+def test_a_restart_from_step_0_drops_the_crashed_runs_metrics_lines(tmp_path: Path) -> None:
+    with pytest.raises(KeyboardInterrupt):
+        train(make_job(loss_fn=_crash_at_call(STEPS_PER_EPOCH + 2)),
+              make_settings(tmp_path, epochs=3, checkpoint_every=0))
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1   # epoch 1's line
+    train(make_job(), make_settings(tmp_path / "a", epochs=3, checkpoint_every=0))
+    train(make_job(), make_settings(tmp_path, epochs=3, checkpoint_every=0, resume="auto"))
+    assert _metric_steps(tmp_path) == _metric_steps(tmp_path / "a")
