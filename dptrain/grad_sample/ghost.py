@@ -33,7 +33,7 @@ optimizer uses only the clipping interface (``squared_norms``, ``weighted_sum``.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from collections.abc import Iterator
 from typing import Any, Optional
 
@@ -83,8 +83,9 @@ class _GhostEntry:
     """What one ghost layer left from one pass.
 
     Attributes:
-        call: the layer's first recorded call in the pass (its inputs serve a re-run of the
-            layer, :meth:`GhostClippingModule._entry_sums`).
+        call: a copy of the layer's first recorded call in the pass, inputs included (the base
+            class drops the original's inputs once dispatched); they serve a re-run of the layer
+            (:meth:`GhostClippingModule._entry_sums`, the fallback of ``_instantiate_uses``).
         uses: ``(activations, backprops)`` per call in the pass (merged lazily into one).
         norms: cached ``{param: Tensor[B_pass]}`` (cleared when a use is added).
     """
@@ -196,7 +197,7 @@ class GhostClippingModule(GradSampleModule):
             entry = None
         elif entry is None and key not in self._instantiated_uses:  # the pass's first use decides
             if self._choose(call, activations, backprops) == GHOST:
-                entry = self._ghost[key] = _GhostEntry(call)
+                entry = self._ghost[key] = _GhostEntry(replace(call))  # a copy: keeps the inputs
         if entry is not None:
             entry.uses.append((list(activations), backprops))
             entry.norms = None
@@ -233,9 +234,13 @@ class GhostClippingModule(GradSampleModule):
         return choice
 
     def _instantiate_uses(self, call: LayerCall, entry: _GhostEntry) -> None:
-        """Instantiate the stored uses of a ghost entry (its layer is now instantiated)."""
-        for activations, backprops in entry.uses:
-            self._add_grads(call.pass_id, self._instantiate(call, activations, backprops))
+        """Instantiate the stored use of a ghost entry (its layer is now instantiated).
+
+        Only a layer without a use merger gets here, so the entry holds one use: the one recorded
+        by ``entry.call``, whose own inputs a ``torch.func`` fallback must re-run (not ``call``'s).
+        """
+        ((activations, backprops),) = entry.uses
+        self._add_grads(call.pass_id, self._instantiate(entry.call, activations, backprops))
         self._instantiated_uses.add((call.pass_id, id(call.layer)))
         self._strategies[call.name] = INSTANTIATE
 

@@ -75,7 +75,7 @@ def outer_product_grads(activations: Tensor, backprops: Tensor) -> Tensor:
 
 def instantiated_sq_norms(activations: Tensor, backprops: Tensor) -> Tensor:
     """Squared norms of ``G_i^T A_i`` by forming them: ``[B, T, d]``, ``[B, T, p]`` -> ``[B]``."""
-    return outer_product_grads(activations, backprops).square().sum(dim=(1, 2))
+    return sq_norms(outer_product_grads(activations, backprops))
 
 
 def bias_grads(backprops: Tensor) -> Tensor:
@@ -84,8 +84,12 @@ def bias_grads(backprops: Tensor) -> Tensor:
 
 
 def sq_norms(per_sample: Tensor) -> Tensor:
-    """Squared L2 norm of each sample's tensor: ``[B, *shape]`` -> ``[B]`` (norm dtype)."""
-    return _promote(per_sample).reshape(per_sample.shape[0], -1).square().sum(dim=1)
+    """Squared L2 norm of each sample's tensor: ``[B, *shape]`` -> ``[B]`` (norm dtype).
+
+    A norm reduction, not ``square().sum()``: no temporary as large as ``per_sample`` (for an
+    instantiated layer that copy would add its per-sample gradients' size to the peak memory).
+    """
+    return torch.linalg.vector_norm(_promote(per_sample).reshape(per_sample.shape[0], -1), dim=1).square()
 
 
 def weighted_outer_sum(activations: Tensor, backprops: Tensor, weights: Tensor) -> Tensor:

@@ -459,11 +459,15 @@ class GradSampleModule(nn.Module):
         activations = [a.movedim(dim, 0) if isinstance(a, Tensor) and a.dim() > dim else a for a in inputs]
         if not self._merges_uses(call, len(backprops)):
             self._on_backprop(call, activations, backprops[0] if len(backprops) == 1 else tuple(backprops))
-            return
-        call.group.pending.append((activations, backprops[0]))
-        self._open_groups[id(call.group)] = call
-        if len(call.group.pending) == call.group.expected:
-            self._flush_group(call)
+        else:
+            call.group.pending.append((activations, backprops[0]))
+            self._open_groups[id(call.group)] = call
+            if len(call.group.pending) == call.group.expected:
+                self._flush_group(call)
+        # The call stays reachable from its output's autograd node until the whole backward ends;
+        # dropping its inputs here lets each activation be freed as soon as its layer is done
+        # (as plain autograd frees its saved tensors), instead of all of them living to the end.
+        call.args, call.kwargs = (), {}
 
     @staticmethod
     def _merges_uses(call: LayerCall, num_outputs: int) -> bool:

@@ -121,3 +121,21 @@ def test_a_re_run_that_draws_random_numbers_is_refused_naming_the_layer_and_the_
     ghost(*_inputs()).sum().backward()
     with pytest.raises(UnsupportedModuleError, match="NoisyNormedGate.*random numbers.*register_clipped_sum"):
         ghost.weighted_sum({p: torch.ones(5, dtype=F64) for p in ghost.parameters()})
+
+
+class TwiceNet(nn.Module):
+    """One NormedGate applied twice, on different inputs: ``gate(fc(x)) + gate(2 * fc(x) + 1)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.gate, self.out = nn.Linear(3, 4), NormedGate(4), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return self.out(self.gate(h) + self.gate(2 * h + 1))
+
+
+@pytest.mark.parametrize("regime", REGIMES)
+def test_user_norm_sampler_layer_used_twice_is_instantiated_from_each_use_own_inputs(regime) -> None:
+    ghost = assert_ghost_matches_hooks(TwiceNet().double(), _inputs(), regime)
+    assert ghost.layer_strategies()["gate"] == "instantiate"

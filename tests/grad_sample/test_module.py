@@ -386,3 +386,35 @@ def test_grad_sample_under_bf16_autocast_is_in_the_parameter_dtype() -> None:
         out = gsm(torch.randn(4, 1, 4, 4))
     out.float().pow(2).mean().backward()
     assert {p.grad_sample.dtype for p in model.parameters()} == {torch.float32}
+
+
+@pytest.mark.parametrize("wrapper", ["hooks", "ghost_instantiate"])
+def test_each_layer_input_is_released_as_soon_as_its_backward_is_processed(wrapper, monkeypatch) -> None:
+    """Stored inputs must not live until the end of backward (the peak memory would then hold
+    every activation at once, which plain autograd never does)."""
+    import weakref
+
+    import dptrain.grad_sample.module as module_mod
+    from dptrain.grad_sample.ghost import GhostClippingModule
+
+    stored: list[weakref.ref] = []
+    real_detach = module_mod._detach
+
+    def recording_detach(value):
+        out = real_detach(value)
+        if isinstance(out, torch.Tensor):  # (_detach recurses into tuples: each tensor once)
+            stored.append(weakref.ref(out))
+        return out
+
+    monkeypatch.setattr(module_mod, "_detach", recording_detach)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+    wrapped = dptrain.GradSampleModule(model) if wrapper == "hooks" else GhostClippingModule(model, strategy="instantiate")
+    alive_at_first_layer: list[int] = []
+
+    def count_alive_when_the_first_layer_gets_its_gradient(layer, args, out) -> None:
+        out.register_hook(lambda grad: alive_at_first_layer.append(sum(r() is not None for r in stored)))
+
+    model[0].register_forward_hook(count_alive_when_the_first_layer_gets_its_gradient)
+    wrapped(torch.randn(5, 3)).sum().backward()
+    assert len(stored) == 2
+    assert alive_at_first_layer == [0]
