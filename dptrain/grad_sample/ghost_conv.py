@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from dptrain.grad_sample.conv import _pad_like_layer, unfold_patches
+from dptrain.grad_sample.conv import conv_grad_sample, pad_like_layer, unfold_patches, weight_grad_kernel
 from dptrain.grad_sample.ghost_math import (
     bias_grads,
     ghost_sq_norms,
@@ -91,44 +91,15 @@ def conv_norms(layer: ConvNd, activations: list[Tensor], backprops: Tensor) -> d
     return norms
 
 
-def _weight_grad(layer: ConvNd, x: Tensor, backprops: Tensor, weight: Tensor, groups: int) -> Tensor:
-    """The convolution's weight-gradient kernel on pre-padded ``x`` (no input/bias gradient)."""
-    dims = len(layer.kernel_size)
-    _, grad_weight, _ = torch.ops.aten.convolution_backward(
-        backprops, x, weight, None, layer.stride, [0] * dims, layer.dilation, False, [0] * dims, groups,
-        [False, True, False],
-    )
-    return grad_weight
-
-
-@register_instantiator(nn.Conv1d, nn.Conv2d, nn.Conv3d)
-def conv_per_sample_grads(layer: ConvNd, activations: list[Tensor], backprops: Tensor) -> dict[nn.Parameter, Tensor]:
-    """Per-sample gradients ``{weight: [B, *weight.shape], bias: [B, C_out]}`` in one kernel call.
-
-    The batch is folded into the channels (``[1, B * C_in, *S]``) and the samples become groups
-    of one grouped convolution, whose weight gradient ``[B * C_out, C_in / g, *k]`` holds every
-    sample's gradient (several times faster on CPU than unfolding the input).
-    """
-    batch, dtype = backprops.shape[0], norm_dtype(backprops)
-    grads = {}
-    if layer.weight.requires_grad:
-        x = _pad_like_layer(layer, activations[0]).to(dtype)
-        x = x.reshape(1, -1, *x.shape[2:])
-        g = backprops.to(dtype).reshape(1, -1, *backprops.shape[2:])
-        weight = layer.weight.to(dtype).expand(batch, *layer.weight.shape).reshape(-1, *layer.weight.shape[1:])
-        grad = _weight_grad(layer, x, g, weight, batch * layer.groups)
-        grads[layer.weight] = grad.reshape(batch, *layer.weight.shape)
-    if layer.bias is not None and layer.bias.requires_grad:
-        grads[layer.bias] = backprops.to(dtype).flatten(2).sum(dim=2)
-    return grads
+register_instantiator(nn.Conv1d, nn.Conv2d, nn.Conv3d)(conv_grad_sample)  # float32 under bf16
 
 
 def conv_weighted_weight_sum(layer: ConvNd, x: Tensor, backprops: Tensor, weights: Tensor) -> Tensor:
     """``sum_i w_i grad_i(weight)``, shape of the weight, by the conv weight-gradient kernel."""
     dtype = norm_dtype(backprops)
-    x = _pad_like_layer(layer, x).to(dtype)
+    x = pad_like_layer(layer, x).to(dtype)
     scaled = backprops.to(dtype) * weights.to(dtype).view(-1, *([1] * (backprops.dim() - 1)))
-    return _weight_grad(layer, x, scaled, layer.weight.to(dtype), layer.groups)
+    return weight_grad_kernel(layer, x, scaled, layer.weight.to(dtype), layer.groups)
 
 
 @register_clipped_sum(nn.Conv1d, nn.Conv2d, nn.Conv3d)

@@ -4,6 +4,8 @@ import pytest
 import torch
 from torch import nn
 
+from dptrain.grad_sample.check import microbatch_grad_samples
+from dptrain.grad_sample.conv import conv_weight_grad_samples, prefers_grouped_kernel
 from tests.grad_sample.conftest import assert_per_sample_exact
 
 F64 = torch.float64
@@ -48,6 +50,28 @@ def test_conv_per_sample_gradients_match_recomputation(name, random_targets) -> 
     layer = cls(**kwargs, dtype=F64)
     x = torch.randn(shape, dtype=F64)
     assert_per_sample_exact(layer, x, random_targets(layer, x))
+
+
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
+@pytest.mark.parametrize("kernel", ["grouped", "unfold"])
+@pytest.mark.parametrize("name", CONFIGS)
+def test_both_weight_gradient_kernels_match_recomputation(name, kernel) -> None:
+    cls, kwargs, shape = CONFIGS[name]
+    layer = cls(**kwargs, dtype=F64)
+    x = torch.randn(shape, dtype=F64)
+    target = torch.randn_like(layer(x))
+    truth = microbatch_grad_samples(layer, x, target, lambda out, t: (out * t).sum())
+    got = conv_weight_grad_samples(layer, x, target, kernel=kernel)
+    torch.testing.assert_close(got, truth["weight"], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    ("in_channels", "out_channels", "size", "grouped"),
+    [(32, 32, 32, True), (64, 64, 16, True), (256, 10, 4, True), (128, 256, 4, False), (64, 128, 8, False)],
+)
+def test_kernel_choice_follows_the_measured_rule(in_channels, out_channels, size, grouped) -> None:
+    layer = nn.Conv2d(in_channels, out_channels, 3, padding=1)
+    assert prefers_grouped_kernel(layer, torch.zeros(1, out_channels, size, size)) is grouped
 
 
 def test_conv_inside_a_cnn_with_mean_reduced_cross_entropy() -> None:

@@ -1,0 +1,76 @@
+"""Time the two per-sample conv weight-gradient kernels (grouped convolution vs unfold + einsum)
+on the convolutions of the CIFAR-10 and MNIST CNNs, and show which one the rule
+``dptrain.grad_sample.conv.prefers_grouped_kernel`` picks. This is the measurement behind that rule.
+
+    python scripts/benchmark_conv_kernels.py [--batch-sizes 64 256] [--repeats 5] [--threads 2]
+
+Prints one row per (batch size, layer): median milliseconds of each kernel, their ratio
+(unfold / grouped: above 1 the grouped kernel is faster), the rule's choice, and the largest
+difference between the two results (rounding only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Callable
+
+import torch
+from torch import nn
+
+from dptrain.grad_sample.conv import conv_weight_grad_samples, prefers_grouped_kernel
+
+#: (in_channels, out_channels, input height = width): the 3x3, padding-1 convolutions of the
+#: cifar10_cnn model, then of mnist_cnn-like shapes.
+LAYERS = [
+    (3, 32, 32), (32, 32, 32), (32, 64, 16), (64, 64, 16), (64, 128, 8), (128, 128, 8),
+    (128, 256, 4), (256, 10, 4), (1, 16, 28), (16, 32, 10),
+]
+
+
+def median_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall-clock milliseconds of ``fn`` over ``repeats`` runs after one warm-up run."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * sorted(times)[len(times) // 2]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--layers", type=int, nargs=3, action="append", metavar=("C_IN", "C_OUT", "SIZE"),
+                        help="a Conv2d(C_IN, C_OUT, 3, padding=1) on SIZE x SIZE inputs (repeatable)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    rows = []
+    print(f"{'B':>5} {'conv':>14} {'size':>5} {'grouped ms':>11} {'unfold ms':>10} {'unfold/grouped':>15} {'rule':>8} {'max diff':>9}")
+    for batch in args.batch_sizes:
+        for c_in, c_out, size in args.layers or LAYERS:
+            layer = nn.Conv2d(c_in, c_out, 3, padding=1)
+            x, g = torch.randn(batch, c_in, size, size), torch.randn(batch, c_out, size, size)
+            grouped = median_ms(lambda: conv_weight_grad_samples(layer, x, g, kernel="grouped"), args.repeats)
+            unfold = median_ms(lambda: conv_weight_grad_samples(layer, x, g, kernel="unfold"), args.repeats)
+            diff = (conv_weight_grad_samples(layer, x, g, kernel="grouped")
+                    - conv_weight_grad_samples(layer, x, g, kernel="unfold")).abs().max().item()
+            rule = "grouped" if prefers_grouped_kernel(layer, g) else "unfold"
+            row = dict(batch_size=batch, c_in=c_in, c_out=c_out, size=size, grouped_ms=grouped,
+                       unfold_ms=unfold, rule=rule, max_diff=diff)
+            rows.append(row)
+            print(f"{batch:>5} {f'{c_in}->{c_out}':>14} {size:>5} {grouped:>11.1f} {unfold:>10.1f} "
+                  f"{unfold / grouped:>15.2f} {rule:>8} {diff:>9.1e}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
