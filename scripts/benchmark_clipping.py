@@ -48,6 +48,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss  # noqa: E402
+from _bench_timing import median_seconds  # noqa: E402
 from dptrain.grad_sample.ghost import GhostClippingModule  # noqa: E402
 from dptrain.grad_sample.ghost_math import ghost_sq_norms, instantiated_sq_norms
 from dptrain.grad_sample.module import GradSampleModule
@@ -62,17 +63,6 @@ CONSOLE = Console()
 
 
 # ---------------------------------------------------------------------------- calibrate
-def _seconds(fn: Callable[[], Any], repeats: int) -> float:
-    """Median wall-clock seconds of ``fn()`` over ``repeats`` runs after one warm-up."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def calibrate(batch: int, repeats: int) -> None:
     """Print ghost vs instantiation timings on a shape grid and the fitted cost ratio."""
     table = Table("T", "d", "p", "ghost ms", "inst ms", "measured", "flop model", "k")
@@ -80,8 +70,8 @@ def calibrate(batch: int, repeats: int) -> None:
     for positions in (4, 16, 64, 256):
         for d, p in ((64, 64), (256, 256), (512, 512), (512, 2048), (27, 64), (576, 64)):
             a, g = torch.randn(batch, positions, d), torch.randn(batch, positions, p)
-            t_ghost = _seconds(lambda: ghost_sq_norms(a, g), repeats)
-            t_inst = _seconds(lambda: instantiated_sq_norms(a, g), repeats)
+            t_ghost = median_seconds(lambda: ghost_sq_norms(a, g), repeats)
+            t_inst = median_seconds(lambda: instantiated_sq_norms(a, g), repeats)
             measured, model = t_ghost / t_inst, positions * (d + p) / (p * d)
             if 0.25 <= measured <= 4:
                 near_crossover.append(measured / model)

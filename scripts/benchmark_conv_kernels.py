@@ -12,13 +12,15 @@ difference between the two results (rounding only).
 from __future__ import annotations
 
 import argparse
-import time
-from typing import Callable
+import sys
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from dptrain.grad_sample.conv import conv_weight_grad_samples, prefers_grouped_kernel
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_timing import median_seconds  # noqa: E402
+from dptrain.grad_sample.conv import conv_weight_grad_samples, prefers_grouped_kernel  # noqa: E402
 
 #: (in_channels, out_channels, input height = width): the 3x3, padding-1 convolutions of the
 #: cifar10_cnn model, then of mnist_cnn-like shapes.
@@ -26,17 +28,6 @@ LAYERS = [
     (3, 32, 32), (32, 32, 32), (32, 64, 16), (64, 64, 16), (64, 128, 8), (128, 128, 8),
     (128, 256, 4), (256, 10, 4), (1, 16, 28), (16, 32, 10),
 ]
-
-
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall-clock milliseconds of ``fn`` over ``repeats`` runs after one warm-up run."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * sorted(times)[len(times) // 2]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -59,8 +50,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for c_in, c_out, size in args.layers or LAYERS:
             layer = nn.Conv2d(c_in, c_out, 3, padding=1)
             x, g = torch.randn(batch, c_in, size, size), torch.randn(batch, c_out, size, size)
-            grouped = median_ms(lambda: conv_weight_grad_samples(layer, x, g, kernel="grouped"), args.repeats)
-            unfold = median_ms(lambda: conv_weight_grad_samples(layer, x, g, kernel="unfold"), args.repeats)
+            grouped, unfold = (
+                1e3 * median_seconds(lambda k=k: conv_weight_grad_samples(layer, x, g, kernel=k), args.repeats)
+                for k in ("grouped", "unfold")
+            )
             diff = (conv_weight_grad_samples(layer, x, g, kernel="grouped")
                     - conv_weight_grad_samples(layer, x, g, kernel="unfold")).abs().max().item()
             rule = "grouped" if prefers_grouped_kernel(layer, g) else "unfold"
