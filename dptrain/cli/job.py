@@ -90,3 +90,10 @@ class RunResult:
     test_accuracy: float | None
     test_loss: float | None
     run_dir: Path
+    val_accuracy: float | None = None        # last evaluation on dataset.validation_size's split
+    val_loss: float | None = None            # (None without a validation split)
+
+    @property
+    def selection_accuracy(self) -> float | None:
+        """The accuracy to compare runs by: validation when the run has a split, else test."""
+        return self.test_accuracy if self.val_accuracy is None else self.val_accuracy

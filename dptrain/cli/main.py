@@ -68,6 +68,8 @@ def _format_epsilon(result: RunResult) -> str:
 def _print_outcome(result: RunResult) -> None:
     """One closing line: status, steps, test accuracy, epsilon and the run folder."""
     accuracy = "n/a" if result.test_accuracy is None else f"{100 * result.test_accuracy:.2f}%"
+    if result.val_accuracy is not None:
+        accuracy = f"{accuracy} (validation {100 * result.val_accuracy:.2f}%)"
     print(
         f"dptrain: {result.status} after {result.steps} steps: test accuracy {accuracy}, "
         f"{_format_epsilon(result)}. Outputs in {result.run_dir}",
@@ -76,7 +78,11 @@ def _print_outcome(result: RunResult) -> None:
 
 
 def run_job(cfg: DictConfig) -> float | None:
-    """One Hydra job: build from `cfg`, train, write result.json; returns the test accuracy."""
+    """One Hydra job: build from `cfg`, train, write result.json.
+
+    Returns the accuracy a Hydra sweeper should optimise: the validation accuracy when the run
+    has a validation split (`dataset.validation_size`), else the test accuracy.
+    """
     from dptrain.cli.results import (
         failed_result,
         failure_replaces_result,
@@ -97,7 +103,9 @@ def run_job(cfg: DictConfig) -> float | None:
         if code is not None:  # the torchrun workers trained and wrote result.json in run_dir
             if code != 0 and hydra_cfg.mode != RunMode.MULTIRUN:
                 sys.exit(code)
-            return (read_result(run_dir) or {}).get("test_accuracy")
+            record = read_result(run_dir) or {}  # as RunResult.selection_accuracy:
+            val_accuracy = record.get("val_accuracy")
+            return record.get("test_accuracy") if val_accuracy is None else val_accuracy
         from dptrain.cli.build import build_job
 
         job, settings = build_job(cfg, run_dir)
@@ -116,7 +124,7 @@ def run_job(cfg: DictConfig) -> float | None:
         sys.exit(CONFIG_ERROR_EXIT)
     write_result(run_dir, result, overrides)
     _print_outcome(result)
-    return result.test_accuracy
+    return result.selection_accuracy
 
 
 _hydra_main = hydra.main(

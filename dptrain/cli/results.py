@@ -2,7 +2,9 @@
 
 Written by `dptrain` (cli/main.py) at the end of every job, read back by the sweep summary
 (cli/sweep.py). Keys: status, steps, epochs_completed, epsilon, delta, test_accuracy, test_loss,
-run_dir, overrides (list of "key=value"), error (the message of a job that failed, else null).
+run_dir, val_accuracy and val_loss (the last evaluation on the validation split; null without
+`dataset.validation_size`), overrides (list of "key=value"), error (the message of a job that
+failed, else null).
 """
 
 from __future__ import annotations

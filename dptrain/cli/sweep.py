@@ -23,8 +23,8 @@ from dptrain.cli.results import read_result
 from dptrain.io import atomic_write_json
 
 SUMMARY_FILENAME = "sweep_summary.json"
-COLUMNS = ("status", "epsilon", "delta", "test_accuracy", "test_loss", "steps")
-TABLE_COLUMNS = ("status", "epsilon", "delta", "test_accuracy", "steps")
+COLUMNS = ("status", "epsilon", "delta", "val_accuracy", "val_loss", "test_accuracy", "test_loss", "steps")
+TABLE_COLUMNS = ("status", "epsilon", "delta", "val_accuracy", "test_accuracy", "steps")
 
 
 def _natural_key(path: Path) -> list[Any]:
@@ -62,7 +62,7 @@ def summarize(sweep_dir: Path) -> dict[str, Any]:
 def _cell(value: Any, key: str) -> str:
     if value is None:
         return "-"
-    if key == "test_accuracy" and isinstance(value, (int, float)):
+    if key.endswith("accuracy") and isinstance(value, (int, float)):
         return f"{100 * value:.2f}%"
     if isinstance(value, float):
         return "inf" if math.isinf(value) else f"{value:.4g}"
@@ -85,13 +85,13 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table = Table(title=f"Sweep summary ({summary['sweep_dir']})", caption=caption)
     table.add_column("job", no_wrap=True)
     table.add_column("overrides", overflow="fold", min_width=30)
-    for header in TABLE_COLUMNS:
+    # val_accuracy only where a job has a validation split (dataset.validation_size)
+    columns = [k for k in TABLE_COLUMNS if k != "val_accuracy" or any(r.get(k) is not None for r in rows)]
+    for header in columns:
         table.add_column(header, overflow="fold")
     for row in rows:
         varying = [o for o in row["overrides"] if o not in common]
-        table.add_row(
-            row["job"], " ".join(varying) or "-", *(_cell(row[k], k) for k in TABLE_COLUMNS)
-        )
+        table.add_row(row["job"], " ".join(varying) or "-", *(_cell(row.get(k), k) for k in columns))
     return table
 
 

@@ -236,6 +236,8 @@ class _Display:
         table = Table(title=f"dptrain run: {result.status}", show_header=False)
         table.add_row("run folder", str(result.run_dir))
         table.add_row("steps / epochs", f"{result.steps} / {result.epochs_completed}")
+        if result.val_accuracy is not None:
+            table.add_row("validation loss / accuracy", f"{_fmt(result.val_loss)} / {_fmt(result.val_accuracy)}")
         table.add_row("test loss / accuracy", f"{_fmt(result.test_loss)} / {_fmt(result.test_accuracy)}")
         if ledger.private:
             table.add_row(f"epsilon ({ledger.data['accountant']})", f"{_fmt(result.epsilon)} "
@@ -749,11 +751,11 @@ class _Run:
                                error=message)
 
     def _result(self, status: str) -> RunResult:
-        last = self.pos.last_eval
-        loss, acc = (None, None) if last is None else (last.test_loss, last.test_accuracy)
+        last = self.pos.last_eval or _Evaluation(self.pos.step, None, None)
         result = RunResult(status=status, steps=self.pos.step, epochs_completed=self.pos.epoch,
                            epsilon=self.ledger.epsilon, delta=self.delta if self.spend.private else None,
-                           test_accuracy=acc, test_loss=loss, run_dir=self.run_dir)
+                           test_accuracy=last.test_accuracy, test_loss=last.test_loss,
+                           run_dir=self.run_dir, val_accuracy=last.val_accuracy, val_loss=last.val_loss)
         self.display.summary(result, self.ledger)
         return result
 

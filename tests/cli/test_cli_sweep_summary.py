@@ -43,6 +43,22 @@ def test_summary_has_each_jobs_overrides_epsilon_accuracy_and_status(tmp_path):
     assert read_json(tmp_path / SUMMARY_FILENAME) == summary
 
 
+def test_jobs_with_a_validation_split_show_their_validation_accuracy_in_summary_and_table(tmp_path):
+    validated = RunResult("completed", 10, 1, 1.0, 1e-5, 0.7, 0.3, Path("x"), val_accuracy=0.65, val_loss=0.4)
+    make_job(tmp_path, "0", ["dataset.validation_size=0.1"], validated)
+    summary = summarize(tmp_path)
+    assert summary["jobs"][0]["val_accuracy"] == 0.65 and summary["jobs"][0]["val_loss"] == 0.4
+    headers = [column.header for column in summary_table(summary).columns]
+    assert "val_accuracy" in headers
+
+
+def test_without_a_validation_split_the_table_has_no_validation_column(tmp_path):
+    make_job(tmp_path, "0", ["x=1"], done(1.0, 0.7))
+    summary = summarize(tmp_path)
+    assert summary["jobs"][0]["val_accuracy"] is None
+    assert "val_accuracy" not in [column.header for column in summary_table(summary).columns]
+
+
 def test_a_job_without_result_is_reported_failed(tmp_path):
     make_job(tmp_path, "0", ["x=1"], None)
     (row,) = summarize(tmp_path)["jobs"]

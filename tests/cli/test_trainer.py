@@ -78,6 +78,18 @@ def test_evaluations_log_validation_metrics_next_to_test_metrics(tmp_path: Path)
     assert all(0.0 <= line["val_accuracy"] <= 1.0 for line in lines)
 
 
+def test_the_run_result_reports_the_last_validation_metrics(tmp_path: Path) -> None:
+    result = train(make_job(private=False, validation=True), make_settings(tmp_path, epochs=2))
+    last = _metrics(tmp_path)[-1]
+    assert (result.val_accuracy, result.val_loss) == (last["val_accuracy"], last["val_loss"])
+    assert result.selection_accuracy == result.val_accuracy
+
+
+def test_without_a_validation_split_the_run_is_compared_by_test_accuracy(tmp_path: Path) -> None:
+    result = train(make_job(private=False), make_settings(tmp_path, epochs=1))
+    assert result.val_accuracy is None and result.selection_accuracy == result.test_accuracy
+
+
 def test_without_a_validation_split_no_validation_metrics_are_logged(tmp_path: Path) -> None:
     train(make_job(private=False), make_settings(tmp_path, epochs=2))
     assert not any("val_accuracy" in line for line in _metrics(tmp_path))
