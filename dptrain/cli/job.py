@@ -95,5 +95,10 @@ class RunResult:
 
     @property
     def selection_accuracy(self) -> float | None:
-        """The accuracy to compare runs by: validation when the run has a split, else test."""
-        return self.test_accuracy if self.val_accuracy is None else self.val_accuracy
+        """The accuracy to compare runs by (see :func:`selection_accuracy`)."""
+        return selection_accuracy(self.val_accuracy, self.test_accuracy)
+
+
+def selection_accuracy(val_accuracy: float | None, test_accuracy: float | None) -> float | None:
+    """The accuracy to compare runs by: validation when the run has a split, else test."""
+    return test_accuracy if val_accuracy is None else val_accuracy

@@ -83,6 +83,7 @@ def run_job(cfg: DictConfig) -> float | None:
     Returns the accuracy a Hydra sweeper should optimise: the validation accuracy when the run
     has a validation split (`dataset.validation_size`), else the test accuracy.
     """
+    from dptrain.cli.job import selection_accuracy
     from dptrain.cli.results import (
         failed_result,
         failure_replaces_result,
@@ -103,9 +104,8 @@ def run_job(cfg: DictConfig) -> float | None:
         if code is not None:  # the torchrun workers trained and wrote result.json in run_dir
             if code != 0 and hydra_cfg.mode != RunMode.MULTIRUN:
                 sys.exit(code)
-            record = read_result(run_dir) or {}  # as RunResult.selection_accuracy:
-            val_accuracy = record.get("val_accuracy")
-            return record.get("test_accuracy") if val_accuracy is None else val_accuracy
+            record = read_result(run_dir) or {}
+            return selection_accuracy(record.get("val_accuracy"), record.get("test_accuracy"))
         from dptrain.cli.build import build_job
 
         job, settings = build_job(cfg, run_dir)

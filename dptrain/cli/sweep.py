@@ -23,7 +23,9 @@ from dptrain.cli.results import read_result
 from dptrain.io import atomic_write_json
 
 SUMMARY_FILENAME = "sweep_summary.json"
-COLUMNS = ("status", "epsilon", "delta", "val_accuracy", "val_loss", "test_accuracy", "test_loss", "steps")
+COLUMNS = (
+    "status", "epsilon", "delta", "val_accuracy", "val_loss", "test_accuracy", "test_loss", "steps"
+)
 TABLE_COLUMNS = ("status", "epsilon", "delta", "val_accuracy", "test_accuracy", "steps")
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 from torch import Tensor, nn
 
 from dptrain.grad_sample.conv import conv_grad_sample, pad_like_layer, unfold_patches, weight_grad_kernel
