@@ -5,9 +5,10 @@ gradient mode, any number of physical chunks: `clip_and_accumulate` is unchanged
 reduction point `_combine_clipped_sums` ONE all-reduce (sum) gives every rank
 
     S = sum over ranks of the clipped sums            (the global clipped sum)
-    Z = the noise drawn by rank 0 alone, N(0, (sigma * C)^2) per coordinate,
+    Z = the noise drawn by rank 0 alone, N(0, (sigma * C / (q * N))^2) per coordinate
+        (the noise of the sum, already divided by the expected batch size q * N),
 
-packed into one flat buffer. The base class then writes p.grad = (S + Z) / (q * N) on every rank.
+packed into one flat buffer. The base class then writes p.grad = Z + S / (q * N) on every rank.
 
 Why this design:
 * Noise is drawn exactly once per logical step, by rank 0, from the engine's noise generator (or
@@ -98,10 +99,12 @@ class DistributedDPOptimizer(DPOptimizer):
     def _combine_clipped_sums(self, sums: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
         """All-reduce the clipped sums {p: Tensor[*p.shape]} with rank 0's noise (see module doc).
 
-        Returns the global clipped sums; the global noise waits in `_pending_noise` for `_noise`.
+        Returns the global clipped sums; the global noise, drawn at the std of the base class's
+        `_write_noisy_gradients` (divided by the expected batch size), waits in `_pending_noise`
+        for `_noise`.
         """
         params = list(sums)
-        std = self._gradient_noise_std()
+        std = self._gradient_noise_std() / self.expected_batch_size
         pieces = [sums[p].reshape(-1) for p in params]
         if std > 0:
             noises = [super(DistributedDPOptimizer, self)._noise(p, std) if self.rank == 0
@@ -124,12 +127,13 @@ class DistributedDPOptimizer(DPOptimizer):
         return combined
 
     def _noise(self, p: nn.Parameter, std: float) -> Tensor:
-        """The global noise of `p` from the last all-reduce (zeros when std == 0)."""
+        """The global noise of `p` from the last all-reduce (zeros when std == 0), a fresh tensor
+        (not a view of the all-reduced buffer, which p.grad would otherwise keep alive)."""
         noise = self._pending_noise.pop(p, None)
         if noise is None:
             dtype = _flat_dtype([p])
             return torch.zeros(p.shape, dtype=dtype, device=p.device)
-        return noise
+        return noise.clone()
 
     def _scalar_noise(self, std: float) -> float:
         """One N(0, std^2) draw by rank 0, shared with every rank (adaptive clipping's count)."""

@@ -276,7 +276,8 @@ class DPOptimizer(Optimizer):
         return self.clipper.gradient_noise_multiplier(self.noise_multiplier) * self.clipper.max_grad_norm
 
     def _noise(self, p: nn.Parameter, std: float) -> Tensor:
-        """The noise for parameter `p`: N(0, std^2) of p's shape in float32/64 on p's device."""
+        """The noise for parameter `p`: N(0, std^2) of p's shape in float32/64 on p's device, a
+        fresh tensor the caller may write into."""
         dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
         return gaussian_noise(p.shape, std, self.noise_generator, self.secure_mode,
                               device=p.device, dtype=dtype)
@@ -287,16 +288,23 @@ class DPOptimizer(Optimizer):
                                     dtype=torch.float64)[0])
 
     def _write_noisy_gradients(self) -> None:
-        """p.grad = (combined clipped sum + N(0, (sigma_grad * S)^2)) / expected_batch_size."""
+        """p.grad = (combined clipped sum + N(0, (sigma_grad * S)^2)) / expected_batch_size.
+
+        The noise is drawn at std sigma_grad * S / expected_batch_size straight into the buffer
+        that becomes p.grad, and the clipped sum is added into it scaled by 1 / expected_batch_size
+        (one pass, no temporaries): beside the clipped sums, the step allocates one buffer per
+        parameter (two for 16-bit parameters, whose noise is drawn in float32 and then cast).
+        """
         params = self.params
         sums = {p: p.summed_grad if getattr(p, "summed_grad", None) is not None
                 else torch.zeros_like(p) for p in params}
         combined = self._combine_clipped_sums(sums)
-        std = self._gradient_noise_std()
+        scale = 1.0 / self.expected_batch_size
+        std = self._gradient_noise_std() * scale
         for p in params:
-            noise = self._noise(p, std)
             p.summed_grad = combined[p]
-            p.grad = ((combined[p].to(noise.dtype) + noise) / self.expected_batch_size).to(p.dtype)
+            grad = self._noise(p, std).add_(combined[p], alpha=scale)
+            p.grad = grad if grad.dtype == p.dtype else grad.to(p.dtype)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One DP step (or, after `signal_skip_step(True)`, only `clip_and_accumulate`).

@@ -7,6 +7,8 @@ import warnings
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from privacy_helpers import (
     LOSS,
     FakeSource,
@@ -112,6 +114,47 @@ def test_added_noise_std_is_sigma_times_C_over_expected_batch_size():
     expected = sigma * C / ebs
     assert abs(noise.std().item() / expected - 1) < std_tolerance(noise.numel())
     assert abs(noise.mean().item()) < 6 * expected / math.sqrt(noise.numel())
+
+
+def test_the_noisy_gradient_is_noise_drawn_at_std_over_batch_size_plus_the_scaled_clipped_sum():
+    sigma, C, ebs = 1.3, 0.5, 6.0
+    model, source, dp = _setup(sigma=sigma, C=C, ebs=ebs, seed=7)
+    seen = []
+    dp.attach_step_hook(lambda opt: seen.append({p: (p.summed_grad.clone(), p.grad.clone()) for p in opt.params}))
+    source.capture(per_sample_grads(model, LOSS, *tiny_data(8)))
+    dp.step()
+    replay = make_generator(7)
+    for p in dp.params:
+        summed, noisy = seen[0][p]
+        noise = torch.normal(0.0, sigma * C / ebs, size=p.shape, generator=replay, dtype=p.dtype)
+        assert torch.equal(noisy, noise.add_(summed, alpha=1 / ebs))
+
+
+class FreshElements(TorchDispatchMode):
+    """Counts the elements of the tensors operations allocate (outputs that are not inputs' views)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        self.elements += sum(t.numel() for t in tree_leaves(out)
+                             if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs)
+        return out
+
+
+def test_writing_the_noisy_gradients_allocates_one_gradient_sized_buffer_per_parameter():
+    model = torch.nn.Linear(300, 200)
+    source = FakeSource(model)
+    dp = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), 1.0, 1.0, 4.0, module=source,
+                     sample_rate=0.5, noise_generator=make_generator(0))
+    source.capture({p: torch.randn(4, *p.shape) for p in model.parameters()})
+    dp.clip_and_accumulate()
+    with FreshElements() as allocated:
+        dp._write_noisy_gradients()
+    assert allocated.elements <= sum(p.numel() for p in model.parameters())
 
 
 def test_an_empty_batch_still_adds_noise_and_runs_the_step_hooks():
