@@ -3,11 +3,14 @@
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dptrain.grad_sample.check import microbatch_grad_samples
 from dptrain.grad_sample.ghost_math import (
+    BLOCK_GRAM_MIN_POSITIONS,
     bias_grads,
     ghost_sq_norms,
+    gram,
     gram_dtype,
     instantiated_sq_norms,
     prefer_ghost,
@@ -46,6 +49,46 @@ def test_weighted_bias_sum_equals_weighted_sum_of_bias_gradients() -> None:
     g, w = torch.randn(4, 5, 6, dtype=F64), torch.rand(4, dtype=F64)
     expected = (w[:, None] * bias_grads(g)).sum(dim=0)
     torch.testing.assert_close(weighted_bias_sum(g, w), expected, rtol=TOL, atol=TOL)
+
+
+def test_weighted_bias_sum_of_an_empty_batch_is_zero() -> None:
+    g, w = torch.randn(0, 5, 6, dtype=F64), torch.rand(0, dtype=F64)
+    assert torch.equal(weighted_bias_sum(g, w), torch.zeros(6, dtype=F64))
+
+
+class BmmOutputElements(TorchDispatchMode):
+    """Counts the output elements of every batched matrix product."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket is torch.ops.aten.bmm:
+            self.elements += out.numel()
+        return out
+
+
+def test_a_gram_of_many_positions_multiplies_three_of_its_four_half_blocks() -> None:
+    t = torch.randn(3, 2 * BLOCK_GRAM_MIN_POSITIONS, 5)
+    with BmmOutputElements() as products:
+        gram(t)
+    assert products.elements == 3 * 3 * BLOCK_GRAM_MIN_POSITIONS**2
+
+
+@pytest.mark.parametrize("positions", [BLOCK_GRAM_MIN_POSITIONS, BLOCK_GRAM_MIN_POSITIONS + 1])
+def test_a_gram_of_many_positions_is_the_product_with_the_transpose(positions) -> None:
+    t = torch.randn(3, positions, 7, dtype=F64)
+    result = gram(t)
+    torch.testing.assert_close(result, t @ t.transpose(1, 2), rtol=TOL, atol=TOL)
+
+
+def test_float32_ghost_norms_over_many_positions_are_upper_bounds_within_the_gram_tolerance() -> None:
+    a, g = torch.randn(4, 2 * BLOCK_GRAM_MIN_POSITIONS, 24), torch.randn(4, 2 * BLOCK_GRAM_MIN_POSITIONS, 40)
+    exact = _explicit(a.double(), g.double()).square().sum(dim=(1, 2))
+    ratio = ghost_sq_norms(a, g).double() / exact
+    assert bool((ratio >= 1).all()) and ratio.max().item() <= 1 + 2**-10
 
 
 def test_bf16_inputs_give_float32_norms() -> None:
