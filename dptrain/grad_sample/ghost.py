@@ -101,11 +101,19 @@ class _GhostEntry:
             (:meth:`GhostClippingModule._entry_sums`, the fallback of ``_instantiate_uses``).
         uses: ``(activations, backprops)`` per call in the block (merged lazily into one).
         norms: cached ``{param: Tensor[B_block]}`` (cleared when a use is added).
+        released: whether :meth:`release` dropped the inputs and uses (the clipped sum is formed).
     """
 
     call: LayerCall
     uses: list[Use] = field(default_factory=list)
     norms: Optional[dict[nn.Parameter, Tensor]] = None
+    released: bool = False
+
+    def release(self) -> None:
+        """Drop the stored A and G (the uses and the recorded call's inputs); the norms stay."""
+        self.uses.clear()
+        self.call = replace(self.call, args=(), kwargs={}, grads=[])
+        self.released = True
 
     @property
     def layer(self) -> nn.Module:
@@ -263,6 +271,13 @@ class GhostClippingModule(GradSampleModule):
 
     def _merged_use(self, entry: _GhostEntry) -> Use:
         """The entry's uses folded into one ``(activations, backprops)`` (kept for reuse)."""
+        if entry.released:
+            raise ConfigError(
+                f"GhostClippingModule: the stored inputs and output gradients of layer "
+                f"'{entry.name}' were freed by weighted_sum() as soon as the layer's clipped sum was "
+                f"formed. Call squared_norms() before weighted_sum(), weighted_sum() once per "
+                f"backward, then clear_per_sample() before the next forward."
+            )
         if len(entry.uses) > 1:
             entry.uses[:] = [get_use_merger(entry.layer)(entry.layer, entry.uses)]
         return entry.uses[0]
@@ -399,8 +414,10 @@ class GhostClippingModule(GradSampleModule):
     def weighted_sum(self, weights: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
         """``{p: sum_b weights[p][b] * grad_b(p)}`` (shape ``p.shape``, dtype of ``p``).
 
-        Ghost layers: one weighted matmul / kernel call per parameter from the stored A and G;
-        instantiated layers: one weighted sum of their per-sample gradients.
+        Ghost layers: one weighted matmul / kernel call per parameter from the stored A and G,
+        which are freed as soon as the layer's sum is formed (so the peak memory holds the stored
+        A and G or the sums, not both in full): call it once per backward, after
+        :meth:`squared_norms`; instantiated layers: one weighted sum of their per-sample gradients.
         """
         _check_weight_shapes(weights, self.per_sample_batch_size())
         self._settle()
@@ -426,6 +443,7 @@ class GhostClippingModule(GradSampleModule):
             own = {p: rows(block, weights[p]) for p in entry.layer.parameters(recurse=False) if p in weights}
             if own:
                 yield block, self._entry_sums(entry, own)
+            entry.release()
         for block, grads in self._instantiated.items():
             yield block, {p: weighted_sample_sum(g, rows(block, weights[p])) for p, g in grads.items() if p in weights}
 

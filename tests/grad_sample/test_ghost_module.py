@@ -258,3 +258,32 @@ def test_recurrent_cell_is_re_decided_on_its_merged_time_steps() -> None:
     ghost = run(GhostClippingModule, model, x, y, nn.functional.cross_entropy, "mean")
     # 7 uses of T = 1 each look ghost-cheap; merged (T = 7, d = 5, p = 20) instantiation wins
     assert ghost.layer_strategies()["lstm.hh_l0"] == "instantiate"
+
+
+def _two_linear_ghost_step() -> tuple[GhostClippingModule, list]:
+    """A ghost Linear -> Linear after one backward, and a weak reference to the storage of the
+    second layer's input (an intermediate activation: only the ghost module keeps it)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2)).double()
+    seen = []
+    model[2].register_forward_hook(lambda layer, args, out: seen.append(StorageWeakRef(args[0].untyped_storage())))
+    ghost = GhostClippingModule(model, loss_reduction="sum", strategy="ghost")
+    ghost(torch.randn(3, 5, 4, dtype=F64)).sum().backward()
+    return ghost, seen
+
+
+def test_weighted_sum_frees_the_stored_inputs_of_each_ghost_layer() -> None:
+    ghost, stored = _two_linear_ghost_step()
+    ghost.squared_norms()
+    assert not stored[0].expired()
+    ghost.weighted_sum({p: torch.ones(3, dtype=F64) for p in ghost.parameters()})
+    assert stored[0].expired()
+
+
+def test_a_second_weighted_sum_of_one_backward_is_a_config_error_naming_the_layer() -> None:
+    ghost, _ = _two_linear_ghost_step()
+    weights = {p: torch.ones(3, dtype=F64) for p in ghost.parameters()}
+    ghost.weighted_sum(weights)
+    with pytest.raises(ConfigError, match="layer '.*2'.*weighted_sum\\(\\) once per backward"):
+        ghost.weighted_sum(weights)
