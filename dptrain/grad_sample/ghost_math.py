@@ -34,7 +34,8 @@ gradient of the given (float) A and G, rounded up to the result dtype:
   (float32 for float32 and 16-bit models, where float32 matrix products are IEEE on that device;
   else float64): each entry errs by at most ``gamma_d ||a_t|| ||a_s||`` (Higham's
   ``gamma_n = n u / (1 - n u)``, any summation order, with or without FMA), so their inner product
-  errs by at most ``(gamma_d + gamma_p + gamma_d gamma_p) M^2``;
+  errs by at most ``(gamma_d + gamma_p + gamma_d gamma_p) M^2``, and by much less when the positions
+  are not aligned (each entry's error weighed by the other Gram's computed entry, :func:`gram_bounds`);
 - their inner product (the sum over position pairs, where the identity cancels) and ``M`` (from
   the Grams' diagonals) are evaluated in float64, whose own round-off is bounded the same way
   (:func:`gram_bounds`);
@@ -192,6 +193,11 @@ def gram(t: Tensor) -> Tensor:
     return out
 
 
+def _weighted_abs_sum(gram: Tensor, weights: Tensor) -> Tensor:
+    """``w^T |K| w`` per item: ``[N, T, T]``, ``[N, T]`` float64 -> ``[N]``."""
+    return torch.bmm(gram.abs(), weights.unsqueeze(2)).squeeze(2).mul(weights).sum(dim=1)
+
+
 def gram_bounds(gram_a: Tensor, gram_g: Tensor, gamma_a: float, gamma_g: float) -> tuple[Tensor, Tensor]:
     """Upper bounds of ``<K_A, K_G>`` from computed Grams, and their round-off slack, ``[N]`` float64.
 
@@ -200,28 +206,35 @@ def gram_bounds(gram_a: Tensor, gram_g: Tensor, gamma_a: float, gamma_g: float) 
             expanded all-ones ``gram_a`` with ``gamma_a = 0`` gives the bias norm ``||sum_t g_t||^2``).
         gamma_a, gamma_g: each entry's error bound relative to ``||a_t|| ||a_s||`` (resp. g).
 
-    With ``E_A = K_A_hat - K_A`` (``|E_A[t,s]| <= gamma_a ||a_t|| ||a_s||``) and ``M = sum_t ||a_t|| ||g_t||``:
-    ``|<K_A_hat, K_G_hat> - <K_A, K_G>| <= (gamma_a + gamma_g + gamma_a gamma_g) M^2``; the float64 sum
-    of the ``T^2`` products (exact for float32 inputs) errs by at most ``gamma_{T^2+1}`` times their
-    magnitudes, at most ``(1 + gamma_a)(1 + gamma_g) M^2``; and ``||a_t||^2 <= K_A_hat[t,t] / (1 - gamma_a)``
-    (a computed sum of squares), so ``M^2 <= (sum_t sqrt(K_A_hat[t,t] K_G_hat[t,t]))^2 / ((1 - gamma_a)(1 - gamma_g))``,
-    itself evaluated with at most ``T + 6`` float64 roundings. The slack is that coefficient (its
-    float64 terms doubled for second-order terms) times the bound of ``M^2``, inflated for its
-    roundings; the bound is ``max(value, 0) + slack``, inflated for the final addition.
+    With ``E_A = K_A_hat - K_A`` (``|E_A[t,s]| <= gamma_a ||a_t|| ||a_s||``), ``E_G`` likewise, and
+    ``M = sum_t ||a_t|| ||g_t||``: ``<K_A, K_G> - <K_A_hat, K_G_hat> = -<E_A, K_G_hat> - <K_A_hat, E_G>
+    + <E_A, E_G>``, so the computed inner product errs by at most
+    ``gamma_a alpha^T |K_G_hat| alpha + gamma_g beta^T |K_A_hat| beta + gamma_a gamma_g M^2`` with
+    ``alpha_t >= ||a_t||``, ``beta_t >= ||g_t||``. This is never more than the plain
+    ``(gamma_a + gamma_g + gamma_a gamma_g) M^2`` (up to a factor ``1 + gamma``) and far less when the
+    positions' output gradients (or inputs) are not aligned: ``|K_G_hat[t,s]|`` is then much smaller
+    than ``||g_t|| ||g_s||`` off the diagonal, and the slack shrinks from about ``gamma T`` times the
+    squared norm towards ``gamma`` times it. ``||a_t||^2 <= K_A_hat[t,t] / (1 - gamma_a)`` (a computed
+    sum of squares) gives ``alpha`` (and ``beta``), and ``M^2 <= (sum_t alpha_t beta_t)^2``. The float64
+    sum of the ``T^2`` products (exact for float32 inputs) errs by at most ``gamma_{T^2+1}`` times
+    their magnitudes, at most ``(1 + gamma_a)(1 + gamma_g) M^2`` (doubled for second-order terms).
+    The bound is ``max(value, 0) + slack``, inflated for the final addition.
 
-    Roundings of the slack, counted generously: the diagonal products (exact for float32 Grams,
-    else 1), their square roots (1), the sum of ``T`` of them (``T - 1``), its square (1), the
-    division (1) by a denominator computed with 3, and the coefficient (at most 10, from the
-    ``gamma`` values) times the bound (1): ``T + 17``, inflated by ``gamma_{T+19}``
-    (:func:`inflated`).
+    Roundings of the slack, counted generously along any term's path (all its terms are
+    non-negative): ``alpha_t`` 3 (the divisor, the division, the square root), a product
+    ``alpha_t |K[t,s]| alpha_s`` 6 more with its two factors, the two sums of ``T`` terms
+    ``2 (T - 1)``, the ``gamma`` factor 1 and the additions of the three parts 2: ``2 T + 10``;
+    the ``M^2`` part ``T + 17`` as counted before. Inflated by ``gamma_{2T+22}`` (:func:`inflated`).
     """
-    a, g = gram_a.double().flatten(1), gram_g.double().flatten(1)
+    a, g = gram_a.double(), gram_g.double()
     positions = gram_a.shape[1]
-    value = torch.linalg.vecdot(a, g).clamp(min=0)
-    diagonal = (gram_a.diagonal(dim1=1, dim2=2).double().clamp(min=0) * gram_g.diagonal(dim1=1, dim2=2).double().clamp(min=0))
-    scale = diagonal.sqrt().sum(dim=1).square() / ((1 - gamma_a) * (1 - gamma_g))  # >= M^2, up to its roundings
-    coefficient = gamma_a + gamma_g + gamma_a * gamma_g + 2 * float64_roundoff(positions * positions + 1) * (1 + gamma_a) * (1 + gamma_g)
-    slack = inflated(coefficient * scale, positions + 17)
+    value = torch.linalg.vecdot(a.flatten(1), g.flatten(1)).clamp(min=0)
+    alpha = (a.diagonal(dim1=1, dim2=2).clamp(min=0) / (1 - gamma_a)).sqrt()  # >= ||a_t||
+    beta = (g.diagonal(dim1=1, dim2=2).clamp(min=0) / (1 - gamma_g)).sqrt()  # >= ||g_t||
+    scale = (alpha * beta).sum(dim=1).square()  # >= M^2, up to its roundings
+    entries = gamma_a * _weighted_abs_sum(g, alpha) + gamma_g * _weighted_abs_sum(a, beta)
+    coefficient = gamma_a * gamma_g + 2 * float64_roundoff(positions * positions + 1) * (1 + gamma_a) * (1 + gamma_g)
+    slack = inflated(entries + coefficient * scale, 2 * positions + 20)
     return inflated(value + slack, 1), slack
 
 
