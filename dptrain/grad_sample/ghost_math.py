@@ -250,7 +250,8 @@ def tightened_gram_bounds(grams: GramSource, dtype: torch.dtype, items: int) -> 
         return bound
     loose = (slack > GRAM_SLACK_TOLERANCE * bound).nonzero().squeeze(1)
     if loose.numel():
-        bound[loose] = gram_bounds(*grams(torch.float64, loose))[0]
+        rows = None if loose.numel() == items else loose  # all of them: no gathered copy
+        bound[loose] = gram_bounds(*grams(torch.float64, rows))[0]
     return bound
 
 
@@ -307,7 +308,7 @@ def gram_bias_sq_norm_bounds(gram_g: Tensor, gamma_g: float, backprops: Tensor) 
     if gram_g.dtype != torch.float64:
         loose = (slack > GRAM_SLACK_TOLERANCE * bound).nonzero().squeeze(1)
         if loose.numel():
-            bound[loose] = bias_sq_norm_bounds(backprops[loose])
+            bound[loose] = bias_sq_norm_bounds(backprops if loose.numel() == len(bound) else backprops[loose])
     return bound
 
 

@@ -11,6 +11,7 @@ reference for "the sample's contribution to the clipped sum", factor times true 
 import pytest
 import torch
 from torch import Tensor, nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dptrain.grad_sample.ghost import GhostClippingModule
 from dptrain.privacy.clipping import FlatClipper
@@ -124,3 +125,25 @@ def test_float32_norm_of_a_cancelling_sample_is_recomputed_from_float64_grams() 
     ratio = ghost.squared_norms()[layer.weight].double() / exact.square()
     assert bool((ratio >= 1).all())
     assert ratio.max().item() <= 1.1
+
+
+class Gathers(TorchDispatchMode):
+    """Counts the row gathers (``t[rows]``) the operations run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.overloadpacket is torch.ops.aten.index
+        return func(*args, **(kwargs or {}))
+
+
+def test_when_every_sample_cancels_the_float64_recomputation_gathers_no_rows() -> None:
+    x, target, _ = cancelling_batch(torch.float32)
+    layer = nn.Linear(16, 16, bias=False)
+    ghost = GhostClippingModule(layer, loss_reduction="sum", strategy="ghost")
+    (ghost(x) * target).sum().backward()
+    with Gathers() as gathers:
+        ghost.squared_norms()
+    assert gathers.count == 0
