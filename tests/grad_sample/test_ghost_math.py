@@ -3,7 +3,6 @@
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from dptrain.grad_sample.check import microbatch_grad_samples
 from dptrain.grad_sample.ghost_math import (
@@ -19,6 +18,7 @@ from dptrain.grad_sample.ghost_math import (
 )
 from dptrain.grad_sample.ghost_linear import linear_clipped_sum, linear_norms
 from tests.grad_sample.test_ghost_support import F64, TOL, sum_loss
+from tests.op_tally import OpTally
 
 
 def _explicit(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -56,25 +56,21 @@ def test_weighted_bias_sum_of_an_empty_batch_is_zero() -> None:
     assert torch.equal(weighted_bias_sum(g, w), torch.zeros(6, dtype=F64))
 
 
-class BmmOutputElements(TorchDispatchMode):
-    """Counts the output elements of every batched matrix product."""
+def bmm_output_elements(func, args, kwargs, out) -> int:
+    """The output elements of a batched matrix product (0 for other operations)."""
+    return out.numel() if func.overloadpacket is torch.ops.aten.bmm else 0
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.elements = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func.overloadpacket is torch.ops.aten.bmm:
-            self.elements += out.numel()
-        return out
+def float64_grams(func, args, kwargs, out) -> int:
+    """1 for a float64 batched matrix product with more than one output column (a Gram)."""
+    return int(func.overloadpacket is torch.ops.aten.bmm and out.dtype == torch.float64 and out.shape[-1] > 1)
 
 
 def test_a_gram_of_many_positions_multiplies_three_of_its_four_half_blocks() -> None:
     t = torch.randn(3, 2 * BLOCK_GRAM_MIN_POSITIONS, 5)
-    with BmmOutputElements() as products:
+    with OpTally(bmm_output_elements) as products:
         gram(t)
-    assert products.elements == 3 * 3 * BLOCK_GRAM_MIN_POSITIONS**2
+    assert products.total == 3 * 3 * BLOCK_GRAM_MIN_POSITIONS**2
 
 
 @pytest.mark.parametrize("positions", [BLOCK_GRAM_MIN_POSITIONS, BLOCK_GRAM_MIN_POSITIONS + 1])
@@ -91,28 +87,14 @@ def test_float32_ghost_norms_over_many_positions_are_upper_bounds_within_the_gra
     assert bool((ratio >= 1).all()) and ratio.max().item() <= 1 + 2**-10
 
 
-class Float64Products(TorchDispatchMode):
-    """Counts the float64 batched matrix products with more than one output column (Grams)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func.overloadpacket is torch.ops.aten.bmm and out.dtype == torch.float64 and out.shape[-1] > 1:
-            self.count += 1
-        return out
-
-
 def test_float32_grams_of_unaligned_positions_need_no_float64_recomputation() -> None:
     # independent positions: |K[t, s]| << ||a_t|| ||a_s|| off the diagonal, so the entries' round-off
     # weighs about gamma times the squared norm, not gamma T times it (above the tolerance here)
     generator = torch.Generator().manual_seed(0)
     a, g = (torch.randn(4, 128, 256, generator=generator) for _ in range(2))
-    with Float64Products() as float64:
+    with OpTally(float64_grams) as float64:
         norms = ghost_sq_norms(a, g)
-    assert float64.count == 0
+    assert float64.total == 0
     assert bool((norms.double() >= _explicit(a.double(), g.double()).square().sum(dim=(1, 2))).all())
 
 

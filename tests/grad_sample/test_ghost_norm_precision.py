@@ -11,10 +11,10 @@ reference for "the sample's contribution to the clipped sum", factor times true 
 import pytest
 import torch
 from torch import Tensor, nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from dptrain.grad_sample.ghost import GhostClippingModule
 from dptrain.privacy.clipping import FlatClipper
+from tests.op_tally import OpTally
 
 
 def cancelling_batch(dtype: torch.dtype, batch: int = 64) -> tuple[Tensor, Tensor, Tensor]:
@@ -127,23 +127,11 @@ def test_float32_norm_of_a_cancelling_sample_is_recomputed_from_float64_grams() 
     assert ratio.max().item() <= 1.1
 
 
-class Gathers(TorchDispatchMode):
-    """Counts the row gathers (``t[rows]``) the operations run."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func.overloadpacket is torch.ops.aten.index
-        return func(*args, **(kwargs or {}))
-
-
 def test_when_every_sample_cancels_the_float64_recomputation_gathers_no_rows() -> None:
     x, target, _ = cancelling_batch(torch.float32)
     layer = nn.Linear(16, 16, bias=False)
     ghost = GhostClippingModule(layer, loss_reduction="sum", strategy="ghost")
     (ghost(x) * target).sum().backward()
-    with Gathers() as gathers:
+    with OpTally(lambda func, args, kwargs, out: int(func.overloadpacket is torch.ops.aten.index)) as gathers:
         ghost.squared_norms()
-    assert gathers.count == 0
+    assert gathers.total == 0

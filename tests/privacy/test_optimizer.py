@@ -7,8 +7,6 @@ import warnings
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 from privacy_helpers import (
     LOSS,
     FakeSource,
@@ -23,6 +21,7 @@ from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy import AdaptiveClipper, DPOptimizer, FlatClipper, PerLayerClipper
 from dptrain.randomness import make_generator
 from dptrain.privacy.schedules import ExponentialSchedule, StepSchedule
+from tests.op_tally import OpTally, fresh_outputs
 
 
 def _setup(sigma: float = 0.0, C: float = 1.0, ebs: float = 8.0, q: float = 0.5,
@@ -130,21 +129,6 @@ def test_the_noisy_gradient_is_noise_drawn_at_std_over_batch_size_plus_the_scale
         assert torch.equal(noisy, noise.add_(summed, alpha=1 / ebs))
 
 
-class FreshElements(TorchDispatchMode):
-    """Counts the elements of the tensors operations allocate (outputs that are not inputs' views)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.elements = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
-        self.elements += sum(t.numel() for t in tree_leaves(out)
-                             if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs)
-        return out
-
-
 def test_writing_the_noisy_gradients_allocates_one_gradient_sized_buffer_per_parameter():
     model = torch.nn.Linear(300, 200)
     source = FakeSource(model)
@@ -152,9 +136,9 @@ def test_writing_the_noisy_gradients_allocates_one_gradient_sized_buffer_per_par
                      sample_rate=0.5, noise_generator=make_generator(0))
     source.capture({p: torch.randn(4, *p.shape) for p in model.parameters()})
     dp.clip_and_accumulate()
-    with FreshElements() as allocated:
+    with OpTally(lambda func, args, kwargs, out: sum(t.numel() for t in fresh_outputs(args, kwargs, out))) as allocated:
         dp._write_noisy_gradients()
-    assert allocated.elements <= sum(p.numel() for p in model.parameters())
+    assert allocated.total <= sum(p.numel() for p in model.parameters())
 
 
 def test_an_empty_batch_still_adds_noise_and_runs_the_step_hooks():
