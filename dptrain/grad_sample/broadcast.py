@@ -191,7 +191,8 @@ def _refuse(name: str, shape: tuple[int, ...], batch_dim: int, why: str) -> Unsu
     return UnsupportedModuleError(
         f"Submodule '{name}' was applied to an input of shape {shape} that does not depend on the "
         f"model's inputs (every example shares it: it was made inside the forward from constants, "
-        f"buffers or parameters), and {why} Per-sample gradients need such a layer to know which "
+        f"buffers or parameters; dptrain follows torch operations, a tensor rebuilt from .tolist() "
+        f"or .numpy() loses the link), and {why} Per-sample gradients need such a layer to know which "
         f"dimension is the batch: give its input a batch dimension of size 1 at dim {batch_dim} "
         f"(e.g. position ids [1, T], feats.unsqueeze({batch_dim})), expand it to the batch with "
         f".expand() (not .repeat()), or, for a batch-first model, pass 1-D position ids (arange(T))."

@@ -192,6 +192,20 @@ def test_positions_without_batch_dimension_are_exact_at_every_batch_size_and_len
     assert_per_sample_exact(model, ids, random_targets(model, ids))
 
 
+class GivenPositions(Positions):
+    """:class:`Positions` with the position ids ``[1, T]`` passed by the caller as an argument."""
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.tok(ids) + self.pos(positions)))
+
+
+def test_position_ids_passed_to_the_model_are_per_sample_data_and_need_the_batch_dimension(random_targets) -> None:
+    model, ids = GivenPositions("row").double(), _ids(3, 5)
+    positions = torch.arange(5).unsqueeze(0)
+    with pytest.raises(UnsupportedModuleError, match=r"'pos'.*size 1.*not from its arguments"):
+        GradSampleModule(model)(ids, positions)
+
+
 class ProjectedFeatures(nn.Module):
     """``fc(tok(ids) + proj(feats))`` with fixed features ``[T, 3]`` (a buffer, no batch dimension)."""
 
