@@ -89,7 +89,10 @@ def _provenance(value: Any) -> Any:
 
 
 def _mark(value: Any, mark: Any = True) -> None:
-    """Mark every tensor in ``value``."""
+    """Mark every tensor in ``value`` (a tensor, or nested tuples, lists, dicts)."""
+    if isinstance(value, Tensor):
+        setattr(value, _MARK, mark)
+        return
     for leaf in tree_leaves(value):
         if isinstance(leaf, Tensor):
             setattr(leaf, _MARK, mark)
@@ -175,8 +178,9 @@ class BatchProvenance(TorchFunctionMode):
         _mark(out)
         if _mutates(func) and args:
             _mark_written(args[0])
-        for written in tree_leaves(kwargs.get("out")):
-            _mark_written(written)
+        if kwargs.get("out") is not None:
+            for written in tree_leaves(kwargs["out"]):
+                _mark_written(written)
         return out
 
 

@@ -352,8 +352,9 @@ class GradSampleModule(nn.Module):
                 batch=pass_batch_size(model, args, kwargs, self.batch_first),
                 backwards_before=self._rows.completed,
             )
-            self._provenance = BatchProvenance(args, kwargs)
-            self._provenance.__enter__()
+            if model.training or torch.is_grad_enabled():  # else nothing is captured: no cost
+                self._provenance = BatchProvenance(args, kwargs)
+                self._provenance.__enter__()
         self._model_depth += 1
 
     def _leave_model(self, model: nn.Module, args: tuple, output: Any) -> None:
@@ -467,9 +468,12 @@ class GradSampleModule(nn.Module):
         self, name: str, layer: nn.Module, args: tuple, kwargs: dict, output: Any
     ) -> tuple[tuple, dict, Optional[Tensor]]:
         """``(args, kwargs, output)`` given the pass's batch dimension when the whole batch shares
-        the call's inputs (:func:`~dptrain.grad_sample.broadcast.broadcast_rule`), else the inputs
-        unchanged and None. Views only: nothing is copied."""
+        the call's inputs (:func:`~dptrain.grad_sample.broadcast.broadcast_rule`, read from the
+        pass's :class:`~dptrain.grad_sample.broadcast.BatchProvenance`), else the inputs unchanged
+        and None. Views only: nothing is copied."""
         batch, dim = self._pass.batch, self._batch_dim
+        if self._provenance is None:  # untracked pass (eval under no_grad): nothing is shared
+            return args, kwargs, None
         inputs = [t for t in tree_leaves(positional_inputs(layer, args, kwargs)) if isinstance(t, Tensor)]
         rule = broadcast_rule(name, inputs, output, batch, dim)
         if rule is None:
