@@ -104,9 +104,8 @@ def _mark_written(t: Any) -> None:
         _mark([t] if t._base is None else [t, t._base])
 
 
-_WRITING_DUNDERS = frozenset(
-    f"__i{op}__" for op in ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift", "rshift")
-) | {"__setitem__"}
+_IN_PLACE_OPERATORS = ("add", "sub", "mul", "matmul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor")
+_WRITING_DUNDERS = frozenset(f"__i{op}__" for op in (*_IN_PLACE_OPERATORS, "lshift", "rshift")) | {"__setitem__"}
 
 
 def _mutates(func: Any) -> bool:
@@ -138,9 +137,7 @@ def _check_keeps_batch(view: BroadcastView, func: Any, args: tuple, out: Any) ->
     without it."""
     indexed = _indexes_batch(func, args, view.batch_dim)
     for leaf in tree_leaves(out):
-        if isinstance(leaf, Tensor) and (
-            indexed or not (leaf.dim() > view.batch_dim and leaf.shape[view.batch_dim] == view.size)
-        ):
+        if isinstance(leaf, Tensor) and (indexed or not _has_size(leaf, view.batch_dim, view.size)):
             raise UnsupportedModuleError(
                 f"The output of submodule '{view.name}' is shared by every example (its input does "
                 f"not depend on the model's inputs), so per-sample gradients give it the batch "
@@ -190,6 +187,11 @@ def from_batch(t: Tensor) -> bool:
     return bool(getattr(t, _MARK, None))
 
 
+def _has_size(t: Tensor, dim: int, size: int) -> bool:
+    """Whether ``t`` has a dimension ``dim`` of ``size``."""
+    return t.dim() > dim and t.shape[dim] == size
+
+
 def _refuse(name: str, shape: tuple[int, ...], batch_dim: int, why: str) -> UnsupportedModuleError:
     """The error for a shared call whose batch dimension cannot be told (``why``: one sentence)."""
     return UnsupportedModuleError(
@@ -203,7 +205,9 @@ def _refuse(name: str, shape: tuple[int, ...], batch_dim: int, why: str) -> Unsu
     )
 
 
-def broadcast_rule(name: str, inputs: list[Any], output: Any, batch: Optional[PassBatch], batch_dim: int) -> Optional[str]:
+def broadcast_rule(
+    name: str, inputs: list[Any], output: Any, batch: Optional[PassBatch], batch_dim: int
+) -> Optional[str]:
     """:data:`EXPAND`, :data:`PREPEND` or None (an ordinary call, left to the batch check).
 
     Args:
@@ -226,9 +230,9 @@ def broadcast_rule(name: str, inputs: list[Any], output: Any, batch: Optional[Pa
         raise _refuse(name, tuple(output.shape), batch_dim, "the layer took no tensor input to expand.")
     if first.dim() <= 1 and batch_dim == 0:
         return PREPEND
-    if first.dim() > batch_dim and first.shape[batch_dim] == 1 and output.dim() > batch_dim and output.shape[batch_dim] == 1:
+    if _has_size(first, batch_dim, 1) and _has_size(output, batch_dim, 1):
         return EXPAND
-    if first.dim() > batch_dim and first.shape[batch_dim] == batch.size and first.stride(batch_dim) == 0:
+    if _has_size(first, batch_dim, batch.size) and first.stride(batch_dim) == 0:
         return None
     if first.dim() <= batch_dim:
         why = f"it has no dim {batch_dim} (a sequence-first model cannot insert a batch dimension)."

@@ -185,12 +185,15 @@ def test_positions_of_a_model_with_feature_inputs_are_exact_when_the_batch_is_as
 @pytest.mark.parametrize("regime", REGIMES)
 @pytest.mark.parametrize("batch", [1, 5])
 def test_ghost_clipping_of_feature_model_positions_equals_hooks_mode(batch, regime) -> None:
-    ghost = assert_ghost_matches_hooks(FeaturePositions().double(), (torch.randn(batch, 5, 3, dtype=F64),), regime)
+    x = torch.randn(batch, 5, 3, dtype=F64)
+    ghost = assert_ghost_matches_hooks(FeaturePositions().double(), (x,), regime)
     assert ghost.layer_strategies()["wpe"] == "ghost"
 
 
 @pytest.mark.parametrize("batch, steps", [(1, 5), (2, 5), (5, 5), (3, 1)])
-def test_positions_without_batch_dimension_are_exact_at_every_batch_size_and_length(batch, steps, random_targets) -> None:
+def test_positions_without_batch_dimension_are_exact_at_every_batch_size_and_length(
+    batch, steps, random_targets
+) -> None:
     model, ids = Positions("flat").double(), _ids(batch, steps)
     gsm = GradSampleModule(model)
     wrapped_shape = gsm(ids).shape
