@@ -33,7 +33,15 @@ says how it meets the batch:
 
 A marked input is per-sample data whatever its shape: a layer applied to ``x[:1]``,
 ``x.mean(0, keepdim=True)`` or ``x[0]`` is left to the wrapper's batch check, which refuses it
-(its rows are not the examples: it mixes samples).
+(its rows are not the examples: it mixes samples), except where its rows happen to number B
+(``x[0]`` of ``[B, T, F]`` with T == B), which no shape can tell from a batch. So are the tensor
+arguments of the model's forward, even position ids ``[1, T]`` a caller passes in.
+
+The expanded output is marked as a :class:`BroadcastView`: each row must reach its own sample only.
+An operation on it that indexes its batch dimension (``wpe(ids)[0]``) or returns a tensor without
+it (``pos.mean(0)``, ``pos.unsqueeze(0)``) is refused naming the layer, since the gradients of all
+samples would reach one row; a reduction whose result still has B rows there by coincidence
+(``pos.mean(0)`` with T == B) is not caught.
 
 Provenance is lost where a tensor leaves torch (``x.tolist()``, ``x.numpy()``, ``.item()``): a
 tensor rebuilt from such values counts as shared.
