@@ -314,9 +314,10 @@ def embedding_linear_cross_term(
     e = embedding_grads.reshape(*ids.shape, -1).double()  # [B, T, D]
     if embedding.padding_idx is not None:  # padding positions give the embedding no gradient
         e = e * (ids != embedding.padding_idx).unsqueeze(-1).to(e.dtype)
-    a, g = as_sequence(head_inputs).double(), as_sequence(head_grads).double()  # [B, S, D], [B, S, V]
+    a, g = as_sequence(head_inputs).double(), as_sequence(head_grads)  # [B, S, D], [B, S, V]
     inner = torch.bmm(a, e.transpose(1, 2))  # [B, S, T]: <A_i[s], e_t>
-    picked = g.gather(2, ids.unsqueeze(1).expand(-1, g.shape[1], -1))  # [B, S, T]: G_i[s, x_t]
+    # G_i[s, x_t], [B, S, T]: gathered before the (exact) float64 cast, not a [B, S, V] float64 copy
+    picked = g.gather(2, ids.unsqueeze(1).expand(-1, g.shape[1], -1)).double()
     value = (inner * picked).sum(dim=(1, 2))
     lengths = torch.linalg.vector_norm(a, dim=2).unsqueeze(2) * torch.linalg.vector_norm(e, dim=2).unsqueeze(1)
     magnitude = (picked.abs() * lengths).sum(dim=(1, 2))  # M_i

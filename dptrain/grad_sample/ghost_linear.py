@@ -15,17 +15,17 @@ from torch import Tensor, nn
 from dptrain.grad_sample.ghost_math import (
     as_sequence,
     bias_sq_norms,
+    chunked_outer_gram_pair,
     ghost_cost_ratio,
     ghost_sq_norms,
-    gram,
     gram_bias_sq_norm_bounds,
     gram_dtype,
     inflated,
     norm_dtype,
+    operand_gram,
     outer_gram_pair,
     prefer_ghost,
     rounded_up,
-    roundoff,
     tightened_gram_bounds,
     weighted_bias_sum,
     weighted_outer_sum,
@@ -81,9 +81,10 @@ def outer_and_bias_norms(a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
     """Upper bounds of ``||G_i^T A_i||^2`` and ``||sum_t G_i[t]||^2`` (``[B]``, norm dtype) from
     ``[B, T, d]`` and ``[B, T, p]``, computing ``G G^T`` once."""
     dtype = gram_dtype(g)
-    gram_g = gram(g.to(dtype))
-    weight = tightened_gram_bounds(outer_gram_pair(a, g, gram_g), dtype, a.shape[0])
-    bias = gram_bias_sq_norm_bounds(gram_g, roundoff(g.shape[2], dtype), g)
+    gram_g = operand_gram(g.to(dtype))
+    grams, chunked = outer_gram_pair(a, g, gram_g), chunked_outer_gram_pair(a, g)
+    weight = tightened_gram_bounds(grams, dtype, a.shape[0], chunked)
+    bias = gram_bias_sq_norm_bounds(*gram_g, g)
     out = norm_dtype(g)
     return rounded_up(weight, out), rounded_up(bias, out)
 
