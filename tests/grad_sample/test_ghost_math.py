@@ -7,12 +7,18 @@ from torch import nn
 from dptrain.grad_sample.check import microbatch_grad_samples
 from dptrain.grad_sample.ghost_math import (
     BLOCK_GRAM_MIN_POSITIONS,
+    CHUNK_FIRST_MIN_WIDTH,
+    GRAM_CHUNK,
     bias_grads,
+    chunked_gram,
+    chunked_gram_roundings,
     ghost_sq_norms,
     gram,
+    gram_bounds,
     gram_dtype,
     instantiated_sq_norms,
     prefer_ghost,
+    roundoff,
     weighted_bias_sum,
     weighted_outer_sum,
 )
@@ -96,6 +102,87 @@ def test_float32_grams_of_unaligned_positions_need_no_float64_recomputation() ->
         norms = ghost_sq_norms(a, g)
     assert float64.total == 0
     assert bool((norms.double() >= _explicit(a.double(), g.double()).square().sum(dim=(1, 2))).all())
+
+
+@pytest.mark.parametrize("width", [GRAM_CHUNK, 5 * GRAM_CHUNK + 3, 40 * GRAM_CHUNK])
+def test_a_chunked_gram_is_the_product_with_the_transpose(width) -> None:
+    t = torch.randn(2, 6, width, dtype=F64)
+    torch.testing.assert_close(chunked_gram(t), t @ t.transpose(1, 2), rtol=TOL, atol=TOL)
+
+
+def test_a_chunked_gram_rounds_each_product_a_chunk_and_two_short_sums_times() -> None:
+    # 40 chunks: groups of ceil(sqrt(40)) = 7, 6 groups
+    assert chunked_gram_roundings(40 * GRAM_CHUNK) == GRAM_CHUNK + 6 + 5
+    assert chunked_gram_roundings(GRAM_CHUNK) == GRAM_CHUNK
+
+
+def test_float32_chunked_gram_entries_err_within_their_rounding_bound() -> None:
+    generator = torch.Generator().manual_seed(3)
+    t = torch.randn(2, 8, 4000, generator=generator) + 3  # aligned rows: large, same-sign products
+    exact = t.double() @ t.double().transpose(1, 2)
+    rows = t.double().norm(dim=2)
+    allowed = roundoff(chunked_gram_roundings(4000), torch.float32) * rows.unsqueeze(2) * rows.unsqueeze(1)
+    assert bool(((chunked_gram(t).double() - exact).abs() <= allowed).all())
+
+
+def aligned_inputs_and_token_gradients(width_a: int, width_g: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A transformer layer under a loss on every token: inputs ``[4, 128, width_a]`` sharing one
+    large direction (as normalised hidden states do) and independent output gradients."""
+    generator = torch.Generator().manual_seed(4)
+    common = torch.randn(1, 1, width_a, generator=generator)
+    a = 4 * common + torch.randn(4, 128, width_a, generator=generator)
+    return a, torch.randn(4, 128, width_g, generator=generator)
+
+
+def test_a_transformer_layer_under_a_token_level_loss_needs_no_float64_grams() -> None:
+    # its float32 Grams' plain slack is about gamma_p T of the norm (above the tolerance); the
+    # chunked Grams' about gamma_70 T: no sample is recomputed in float64
+    a, g = aligned_inputs_and_token_gradients(96, 1024)
+    with OpTally(float64_grams) as float64:
+        norms = ghost_sq_norms(a, g)
+    assert float64.total == 0
+    assert bool((norms.double() >= _explicit(a.double(), g.double()).square().sum(dim=(1, 2))).all())
+
+
+def test_a_vocabulary_wide_gram_is_chunked_at_once() -> None:
+    # an LM head's output gradient: no float32 product over all V features, no float64 Gram
+    a, g = aligned_inputs_and_token_gradients(32, CHUNK_FIRST_MIN_WIDTH + 1)
+
+    def wide_products(func, args, kwargs, out) -> int:  # Gram products (not [T, T] @ [T, 1])
+        gram_product = func.overloadpacket is torch.ops.aten.bmm and out.shape[-1] > 1
+        return int(gram_product and (out.dtype == F64 or args[0].shape[2] > GRAM_CHUNK))
+
+    with OpTally(wide_products) as wide:
+        ghost_sq_norms(a, g)
+    assert wide.total == 0
+
+
+def cancelling_pairs(width: int, batch: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``[B, 2, width]`` float32 inputs (second = first + a tiny offset) and output gradients (second
+    = minus first): ``G^T A = g_1 (a_1 - a_2)^T`` is tiny next to ``M^2``. Also its exact squared norms."""
+    generator = torch.Generator().manual_seed(5)
+    first = 100 * torch.randn(batch, 1, width, generator=generator)
+    a = torch.cat([first, first + 1e-2 * torch.randn(batch, 1, width, generator=generator)], dim=1)
+    half = torch.randn(batch, 1, width, generator=generator)
+    g = torch.cat([half, -half], dim=1)
+    exact = half[:, 0].double().square().sum(dim=1) * (a[:, 0].double() - a[:, 1].double()).square().sum(dim=1)
+    return a, g, exact
+
+
+def test_chunked_float32_gram_bounds_of_cancelling_samples_are_upper_bounds() -> None:
+    # the bound alone (no float64 recomputation): the computed identity undershoots, the slack covers it
+    a, g, exact = cancelling_pairs(20 * GRAM_CHUNK)
+    gamma = roundoff(chunked_gram_roundings(a.shape[2]), torch.float32)
+    gram_a, gram_g = chunked_gram(a), chunked_gram(g)
+    identity = torch.linalg.vecdot(gram_a.double().flatten(1), gram_g.double().flatten(1))
+    bound, _ = gram_bounds(gram_a, gram_g, gamma, gamma)
+    assert bool((identity < exact).any())  # adversarial: the float32 identity undershoots
+    assert bool((bound >= exact).all())
+
+
+def test_ghost_norms_of_cancelling_samples_wider_than_a_chunk_are_upper_bounds() -> None:
+    a, g, exact = cancelling_pairs(5 * GRAM_CHUNK + 3)
+    assert bool((ghost_sq_norms(a, g).double() >= exact).all())
 
 
 def test_bf16_inputs_give_float32_norms() -> None:

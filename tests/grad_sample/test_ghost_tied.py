@@ -5,8 +5,10 @@ import torch
 from torch import nn
 
 from dptrain.grad_sample.ghost import GhostClippingModule
+from dptrain.grad_sample.ghost_embedding import embedding_linear_cross_term
 from dptrain.grad_sample.ghost_registry import get_cross_term
 from tests.grad_sample.test_ghost_support import F64, REGIMES, assert_ghost_matches_hooks
+from tests.op_tally import OpTally
 
 VOCAB, DIM = 11, 4
 
@@ -77,3 +79,21 @@ def test_tied_layers_without_a_cross_term_rule_are_instantiated_and_equal_hooks_
 
     ghost = assert_ghost_matches_hooks(TiedLinears().double(), (torch.randn(4, 2, 3, dtype=F64),), "mixed")
     assert ghost.layer_strategies() == {"a": "instantiate", "b": "instantiate"}
+
+
+
+def test_the_cross_term_casts_no_vocabulary_wide_gradient_to_float64() -> None:
+    # the cross term reads one head-gradient entry per (position, token): the [B, S, V] float32 head
+    # gradient is gathered first, not copied to float64 whole
+    model = TiedLM()
+    tokens = _tokens()
+    embedding_use = ([tokens], torch.randn(*tokens.shape, DIM))
+    head_use = ([torch.randn(*tokens.shape, DIM)], torch.randn(*tokens.shape, VOCAB))
+
+    def vocabulary_wide_float64(func, args, kwargs, out) -> int:
+        return int(isinstance(out, torch.Tensor) and out.dtype == F64 and out.numel() >= tokens.numel() * VOCAB)
+
+    with OpTally(vocabulary_wide_float64) as copies:
+        bound = embedding_linear_cross_term(model.emb, embedding_use, model.head, head_use)[model.emb.weight]
+    assert copies.total == 0
+    assert bound.shape == (tokens.shape[0],)
