@@ -40,9 +40,15 @@ gradient of the given (float) A and G, rounded up to the result dtype:
   the Grams' diagonals) are evaluated in float64, whose own round-off is bounded the same way
   (:func:`gram_bounds`);
 - a sample whose float32 slack exceeds :data:`GRAM_SLACK_TOLERANCE` of its bound (a cancelling
-  sample, or a layer with many aligned positions) is recomputed from float64 Grams, where the
-  slack is ~1e-13 relative: every bound is within that tolerance of the exact norm unless the
-  sample cancels beyond float64's reach too.
+  sample, or a layer with many aligned positions: a transformer under a loss on every token, whose
+  slack is about ``gamma_p T`` of the norm) is recomputed from float32 Grams summed over feature
+  chunks (:func:`chunked_gram`: ``gamma_~70`` per entry instead of ``gamma_d``, about 1.3x the time
+  of one product, against about 3x and a float64 copy of both operands for float64 Grams); an
+  operand of :data:`CHUNK_FIRST_MIN_WIDTH` features or more (an LM head's output gradient) is chunked
+  at once. Those still loose are recomputed from float64 Grams, where the slack is ~1e-13 relative:
+  every bound is within that tolerance of the exact norm unless the sample cancels beyond
+  float64's reach too. Each stage's result is an upper bound by itself (the argument above with
+  its own ``gamma``), so keeping the least of them keeps one.
 
 Bias and embedding sums over positions are evaluated in float64 plus their worst-case round-off
 (:func:`bias_sq_norms`, :func:`sum_sq_norm_bound`), unless a Gram of G is at hand (the bias norm is
