@@ -447,8 +447,11 @@ class GhostClippingModule(GradSampleModule):
             self._capture_paused = False
 
     def clear_per_sample(self) -> None:
-        """Free everything captured (stored A, G, per-sample gradients, norms)."""
-        super().clear_per_sample()
+        """Free everything captured (stored A, G, per-sample gradients, norms).
+
+        Ghost mode never sets ``p.grad_sample`` (the base class's per-parameter reset is skipped:
+        a walk over every parameter, twice per step)."""
+        self._grad_samples.reset()
         self._ghost.clear()
         self._instantiated.clear()
         self._instantiated_uses.clear()

@@ -262,6 +262,14 @@ def positional_inputs(layer: nn.Module, args: tuple, kwargs: dict) -> list[Any]:
     return list(bound.arguments.values())
 
 
+def _tensor_versions(args: tuple, kwargs: dict) -> list[int]:
+    """Version counters of every tensor among a call's inputs (nested containers included), in
+    ``tree_leaves`` order; a call of plain tensor arguments (the common case) skips the tree walk."""
+    if not kwargs and all(type(a) is Tensor for a in args):
+        return [a._version for a in args]
+    return [t._version for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)]
+
+
 def _detach(value: Any) -> Any:
     """``value`` with every tensor detached (structure kept for lists/tuples/dicts)."""
     if isinstance(value, Tensor):
@@ -442,7 +450,7 @@ class GradSampleModule(nn.Module):
             name=name,
             args=_detach(args),
             kwargs=_detach(kwargs),
-            versions=[t._version for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)],
+            versions=_tensor_versions(args, kwargs),
             forward_pass=forward_pass,
             batch_size=batch,
             out_leaves=out_leaves,
@@ -600,7 +608,7 @@ class GradSampleModule(nn.Module):
     @staticmethod
     def _check_inputs_unchanged(call: LayerCall) -> None:
         """Raise if an input of the call was modified in place after the forward."""
-        now = [t._version for t in tree_leaves((call.args, call.kwargs)) if isinstance(t, Tensor)]
+        now = _tensor_versions(call.args, call.kwargs)
         if now != call.versions:
             raise UnsupportedModuleError(
                 f"An input of submodule '{call.name}' was modified in place after its forward call, "
