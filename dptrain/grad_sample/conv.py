@@ -11,8 +11,9 @@ per call from the shapes (:func:`weight_grad_kernel_for`):
 - direct (one input channel per group only): the weight gradient ``dW_b[c_out, k] =
   sum_o G_b[c_out, o] X_b[stride * o + dilation * k]`` is itself a convolution of the input with
   the output gradient as its kernel (dilated by the layer's stride, strided by its dilation): one
-  forward grouped convolution, one group per sample and input channel (on CPU 1.3-4x faster than
-  the grouped weight-gradient kernel for single-channel inputs, such as mnist_cnn's first layer).
+  forward grouped convolution, one group per sample and input channel (on CPU up to 4.5x faster
+  than the grouped weight-gradient kernel for single-channel inputs, such as mnist_cnn's first
+  layer).
 
 The bias gradient is ``sum_o G_b``.
 """
@@ -118,11 +119,13 @@ def prefers_grouped_kernel(layer: nn.modules.conv._ConvNd, backprops: Tensor) ->
 def prefers_direct_kernel(layer: nn.modules.conv._ConvNd, backprops: Tensor) -> bool:
     """Whether the direct kernel is the faster one: on CPU, for a single-channel input.
 
-    Measured on CPU (1 thread, B = 64 and 256; ``scripts/benchmark_conv_kernels.py``): 1.2-4.5x
-    faster than the grouped kernel and 1.1-3x faster than unfold for mnist_cnn's 8x8 stride-2
-    first layer and for 3x3 to 8x8 single-channel convolutions on 28x28 inputs, stride 1 or 2 (one
-    exception: 5x5 stride 1 with 32 output channels at B = 64, where grouped is faster); mixed for
-    depthwise convolutions (one input channel per group, several groups), which keep the other rule.
+    Measured on CPU (1 thread, B = 64 and 256; ``scripts/benchmark_conv_kernels.py`` for
+    mnist_cnn's layer): for mnist_cnn's 8x8 stride-2 first layer 1.6x (B = 64) and 3-4x (B = 256)
+    faster than the grouped kernel and 1.1-3x faster than unfold; for 3x3 to 8x8 single-channel
+    2-d convolutions on 28x28 inputs, stride 1 or 2, 1.1-3.4x faster than grouped and within 3% of
+    unfold or faster, except 5x5 stride 1 with 32 output channels at B = 64 (grouped 2.3x faster);
+    a tie for a small dilated Conv1d. Mixed for depthwise convolutions (one input channel per
+    group, several groups), which keep the other rule.
     """
     return backprops.device.type == "cpu" and layer.in_channels == 1
 
