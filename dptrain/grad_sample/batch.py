@@ -28,12 +28,11 @@ with T == B): the check catches a moved batch axis whenever the sizes differ.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
-from torch.utils._pytree import tree_flatten
 
 from dptrain.errors import UnsupportedModuleError
 
@@ -45,14 +44,10 @@ class PassBatch:
     Attributes:
         size: B, or None when the forward got no tensor with a batch dimension.
         source: the argument it was read from, e.g. ``"args[0]"`` or ``"kwargs['input_ids']"``.
-        sample_shapes: the shapes of one example of the arguments with B at the batch dimension
-            and another dimension (``(T,)`` for ids ``[B, T]``): a layer input of such a shape and
-            of fewer dimensions is shared by the batch (:mod:`~dptrain.grad_sample.broadcast`).
     """
 
     size: Optional[int]
     source: str
-    sample_shapes: frozenset[tuple[int, ...]] = frozenset()
 
 
 def _batch_dim(batch_first: bool) -> int:
@@ -95,18 +90,7 @@ def pass_batch_size(model: nn.Module, args: tuple, kwargs: dict, batch_first: bo
             return found
     dim = _batch_dim(batch_first)
     found = _first_batched(list(args), "args", dim) or _first_batched(kwargs, "kwargs", dim)
-    if found is None:
-        return PassBatch(None, "")
-    return replace(found, sample_shapes=_sample_shapes((args, kwargs), found.size, dim))
-
-
-def _sample_shapes(values: Any, size: int, dim: int) -> frozenset[tuple[int, ...]]:
-    """The shapes without dimension ``dim`` of the tensors in ``values`` (nested lists, tuples,
-    dicts) that have ``size`` there and at least two dimensions."""
-    tensors = [v for v in tree_flatten(values)[0] if isinstance(v, Tensor)]
-    return frozenset(
-        tuple(t.shape[:dim]) + tuple(t.shape[dim + 1 :]) for t in tensors if t.dim() >= 2 and t.shape[dim] == size
-    )
+    return found if found is not None else PassBatch(None, "")
 
 
 def check_batch_dim(name: str, tensors: Sequence[Tensor], batch: PassBatch, batch_first: bool) -> int:
@@ -152,7 +136,8 @@ def check_batch_dim(name: str, tensors: Sequence[Tensor], batch: PassBatch, batc
                 f"{batch_first} recurrent/attention layers), or if the model takes and keeps the "
                 f"batch at dim {1 - dim}, wrap it with GradSampleModule(batch_first={not batch_first})"
                 f" (make_private(..., batch_first={not batch_first})). An input that every example "
-                f"shares may have a batch dimension of size 1 (e.g. position ids [1, T]): the layer's "
-                f"output is then expanded to the batch."
+                f"shares (made inside the forward from constants, buffers or parameters, not from its "
+                f"arguments) may have a batch dimension of size 1 (e.g. position ids [1, T]): the "
+                f"layer's output is then expanded to the batch."
             )
     return batch.size

@@ -66,7 +66,7 @@ from dptrain.errors import ConfigError, UnsupportedModuleError
 from dptrain.grad_sample.accumulate import BackwardRows, ForwardPass, PerPassStore
 from dptrain.grad_sample.audit import BackwardAudit
 from dptrain.grad_sample.batch import check_batch_dim, pass_batch_size
-from dptrain.grad_sample.broadcast import broadcast_inputs, broadcast_rule, broadcast_tensor, output_can_broadcast
+from dptrain.grad_sample.broadcast import BatchProvenance, broadcast_inputs, broadcast_output, broadcast_rule
 from dptrain.grad_sample.functorch import functorch_grad_samples
 from dptrain.grad_sample.registry import get_grad_sampler
 from dptrain.layers import DPMultiheadAttention, DPRNNBase
@@ -325,6 +325,7 @@ class GradSampleModule(nn.Module):
         self._passes_started = 0
         self._pass: Optional[ForwardPass] = None
         self._model_depth = 0  # nesting of the wrapped model's forward calls (0: outside)
+        self._provenance: Optional[BatchProvenance] = None  # active during a pass's forward
         self._rows = BackwardRows()
         self._in_backward = False
         self._deferred: dict[int, LayerCall] = {}
@@ -359,12 +360,19 @@ class GradSampleModule(nn.Module):
                 batch=pass_batch_size(model, args, kwargs, self.batch_first),
                 backwards_before=self._rows.completed,
             )
+            if model.training or torch.is_grad_enabled():  # else nothing is captured: no cost
+                self._provenance = BatchProvenance(args, kwargs)
+                self._provenance.__enter__()
         self._model_depth += 1
 
     def _leave_model(self, model: nn.Module, args: tuple, output: Any) -> None:
         """Forward hook of the wrapped model (also run when its forward raised)."""
-        if not self._capture_paused:
-            self._model_depth -= 1
+        if self._capture_paused:
+            return
+        self._model_depth -= 1
+        if self._model_depth == 0 and self._provenance is not None:
+            self._provenance.__exit__(None, None, None)
+            self._provenance = None
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -441,7 +449,7 @@ class GradSampleModule(nn.Module):
             for out in outputs:
                 out.register_hook(partial(self._refuse_outside_call, name))
             return None
-        args, kwargs, replaced = self._broadcast_shared_inputs(layer, args, kwargs, output)
+        args, kwargs, replaced = self._broadcast_shared_inputs(name, layer, args, kwargs, output)
         if replaced is not None:
             outputs = [replaced]
         batch = self._check_output_batch(name, outputs)
@@ -465,18 +473,21 @@ class GradSampleModule(nn.Module):
         return replaced
 
     def _broadcast_shared_inputs(
-        self, layer: nn.Module, args: tuple, kwargs: dict, output: Any
+        self, name: str, layer: nn.Module, args: tuple, kwargs: dict, output: Any
     ) -> tuple[tuple, dict, Optional[Tensor]]:
         """``(args, kwargs, output)`` given the pass's batch dimension when the whole batch shares
-        the call's inputs (:func:`~dptrain.grad_sample.broadcast.broadcast_rule`), else the inputs
-        unchanged and None. Views only: nothing is copied."""
+        the call's inputs (:func:`~dptrain.grad_sample.broadcast.broadcast_rule`, read from the
+        pass's :class:`~dptrain.grad_sample.broadcast.BatchProvenance`), else the inputs unchanged
+        and None. Views only: nothing is copied."""
         batch, dim = self._pass.batch, self._batch_dim
-        inputs = positional_inputs(layer, args, kwargs)
-        rule = broadcast_rule(inputs, batch, dim)
-        if rule is None or not isinstance(output, Tensor) or not output_can_broadcast(output, rule, dim):
+        if self._provenance is None:  # untracked pass (eval under no_grad): nothing is shared
+            return args, kwargs, None
+        inputs = [t for t in tree_leaves(positional_inputs(layer, args, kwargs)) if isinstance(t, Tensor)]
+        rule = broadcast_rule(name, inputs, output, batch, dim)
+        if rule is None:
             return args, kwargs, None
         args, kwargs = broadcast_inputs((args, kwargs), rule, inputs[0], batch, dim)
-        return args, kwargs, broadcast_tensor(output, rule, batch.size, dim)
+        return args, kwargs, broadcast_output(name, output, rule, batch.size, dim)
 
     def _refuse_outside_call(self, name: str, grad: Tensor) -> None:
         """Tensor hook on the output of a layer call made outside the model's forward."""

@@ -7,9 +7,7 @@ pattern and adds LoRA adapters with `peft`, and returns an :class:`HFModel`: one
 logits out, so that the training loop's `loss_fn(model(x), y)` works as for every other model.
 
 Inputs are `[B, 2T]` int64: the token ids then the attention mask, right padded (`pack_inputs`,
-what `dptrain.data.datasets.text` stores). One flat row per example, so that no tensor inside the
-model (ids `[B, T']`) can be shaped like one example of the input, which the per-sample engine
-would take for an input shared by the whole batch (dptrain.grad_sample.broadcast). Each batch is cut to its longest sequence
+what `dptrain.data.datasets.text` stores), one flat row per example. Each batch is cut to its longest sequence
 before the forward pass (padding changes nothing but the cost). Outputs: `[B, num_labels]`
 (`task="sequence_classification"`) or `[B, T', V]` (`task="causal_lm"`, `T'` the batch's longest
 sequence); `loss_for_task(task)` is the matching per-sample loss (cross-entropy, or the mean
