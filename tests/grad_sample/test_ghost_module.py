@@ -258,3 +258,29 @@ def test_recurrent_cell_is_re_decided_on_its_merged_time_steps() -> None:
     ghost = run(GhostClippingModule, model, x, y, nn.functional.cross_entropy, "mean")
     # 7 uses of T = 1 each look ghost-cheap; merged (T = 7, d = 5, p = 20) instantiation wins
     assert ghost.layer_strategies()["lstm.hh_l0"] == "instantiate"
+
+
+@pytest.mark.parametrize("wrapper", [GradSampleModule, GhostClippingModule])
+def test_a_torch_function_mode_sees_only_the_models_own_operations(wrapper) -> None:
+    from torch.overrides import TorchFunctionMode
+
+    class Count(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    x = torch.randn(5, 4)
+    with Count() as plain:
+        model(x)
+    wrapped = wrapper(copy.deepcopy(model))
+    with Count() as hooked:
+        wrapped(x)
+    # the hooks' reads of shapes and flags and their detached copies are bookkeeping, not model
+    # computation: the pass's provenance mode (and a user's mode) sees the model's operations only
+    # (a model without buffers: the check that a training forward changes none reads them)
+    assert hooked.calls == plain.calls
