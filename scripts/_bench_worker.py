@@ -5,6 +5,11 @@ already imported torch, dptrain and Opacus (so a child starts in milliseconds, a
 CUDA state is inherited). A child per configuration isolates crashes, lets the parent enforce a
 wall-clock limit, and makes the peak-memory figures independent of each other.
 
+Every method runs with the same heap setting, the one dptrain's trainer uses
+(:func:`dptrain.grad_sample.workspace.retain_freed_memory`: freed memory stays in the process heap
+from one step to the next instead of being returned to the kernel and faulted in again), so that
+the figures compare the methods' work, not glibc's trimming of what each frees per step.
+
 Peak memory, in MiB above the state just before the first training step (model, optimizer, DP
 wrapping and data pool already allocated; so it counts activations, gradients, per-sample
 gradients, noise and optimizer work buffers):
@@ -28,6 +33,7 @@ import torch
 from _bench_data import batch_pool, build_model
 from _bench_memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 from _bench_methods import Privacy, adapt_model, build_step
+from dptrain.grad_sample.workspace import retain_freed_memory
 
 MIB = 2**20
 
@@ -123,6 +129,7 @@ def measure(config: Config, report: Callable[[Measurement], None]) -> Measuremen
     """
     torch.manual_seed(config.seed)
     torch.set_num_threads(config.threads)
+    retain_freed_memory()  # every method alike (see the module docstring)
     device = torch.device(config.device)
     limit = None if config.memory_limit_mb is None else int(config.memory_limit_mb * MIB)
     if limit is not None and device.type == "cuda":

@@ -1,12 +1,13 @@
-"""Time the two per-sample conv weight-gradient kernels (grouped convolution vs unfold + einsum)
-on the convolutions of the CIFAR-10 and MNIST CNNs, and show which one the rule
-``dptrain.grad_sample.conv.prefers_grouped_kernel`` picks. This is the measurement behind that rule.
+"""Time the per-sample conv weight-gradient kernels (grouped convolution, unfold + einsum, and, for
+single-channel inputs, the direct convolution) on the convolutions of the CIFAR-10 and MNIST CNNs,
+and show which one the rule ``dptrain.grad_sample.conv.weight_grad_kernel_for`` picks. This is the
+measurement behind that rule.
 
     python scripts/benchmark_conv_kernels.py [--batch-sizes 64 256] [--repeats 5] [--threads 2]
 
-Prints one row per (batch size, layer): median milliseconds of each kernel, their ratio
-(unfold / grouped: above 1 the grouped kernel is faster), the rule's choice, and the largest
-difference between the two results (rounding only).
+Prints one row per (batch size, layer): median milliseconds of each kernel (direct: nan for more
+than one input channel), the ratio unfold / grouped (above 1 the grouped kernel is faster), the
+rule's choice, and the largest difference between the grouped and unfold results (rounding only).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_timing import median_seconds  # noqa: E402
-from dptrain.grad_sample.conv import conv_weight_grad_samples, prefers_grouped_kernel  # noqa: E402
+from dptrain.grad_sample.conv import conv_weight_grad_samples, weight_grad_kernel_for  # noqa: E402
 
 #: (in_channels, out_channels, input height = width[, kernel, stride, padding]): the 3x3,
 #: padding-1 convolutions of the cifar10_cnn model, then mnist_cnn's two (8x8 stride 2 padding 3,
@@ -46,7 +47,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = []
-    print(f"{'B':>5} {'conv':>14} {'size':>5} {'grouped ms':>11} {'unfold ms':>10} {'unfold/grouped':>15} {'rule':>8} {'max diff':>9}")
+    print(f"{'B':>5} {'conv':>14} {'size':>5} {'grouped ms':>11} {'unfold ms':>10} {'direct ms':>10} "
+          f"{'unfold/grouped':>15} {'rule':>8} {'max diff':>9}")
     for batch in args.batch_sizes:
         for c_in, c_out, size, *shape in args.layers or LAYERS:
             kernel_size, stride, padding = shape or (3, 1, 1)
@@ -57,14 +59,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 1e3 * median_seconds(lambda k=k: conv_weight_grad_samples(layer, x, g, kernel=k), args.repeats)
                 for k in ("grouped", "unfold")
             )
+            direct = (  # the direct kernel needs one input channel (per group)
+                1e3 * median_seconds(lambda: conv_weight_grad_samples(layer, x, g, kernel="direct"), args.repeats)
+                if c_in == 1 else float("nan")
+            )
             diff = (conv_weight_grad_samples(layer, x, g, kernel="grouped")
                     - conv_weight_grad_samples(layer, x, g, kernel="unfold")).abs().max().item()
-            rule = "grouped" if prefers_grouped_kernel(layer, g) else "unfold"
+            rule = weight_grad_kernel_for(layer, g)
             row = dict(batch_size=batch, c_in=c_in, c_out=c_out, size=size, grouped_ms=grouped,
-                       unfold_ms=unfold, rule=rule, max_diff=diff)
+                       unfold_ms=unfold, direct_ms=direct, rule=rule, max_diff=diff)
             rows.append(row)
             print(f"{batch:>5} {f'{c_in}->{c_out} k{kernel_size}s{stride}':>14} {size:>5} {grouped:>11.1f} {unfold:>10.1f} "
-                  f"{unfold / grouped:>15.2f} {rule:>8} {diff:>9.1e}")
+                  f"{direct:>10.1f} {unfold / grouped:>15.2f} {rule:>8} {diff:>9.1e}")
     return rows
 
 

@@ -65,7 +65,7 @@ from dptrain.grad_sample.ghost_registry import (
     get_use_merger,
 )
 from dptrain.grad_sample.ghost_vjp import vjp_clipped_sums
-from dptrain.grad_sample.module import LOSS_REDUCTIONS, GradSampleModule, LayerCall, _trainable_direct
+from dptrain.grad_sample.module import LOSS_REDUCTIONS, GradSampleModule, LayerCall, _trainable_direct, bookkeeping
 from dptrain.grad_sample.registry import get_grad_sampler, get_norm_sampler
 
 logger = logging.getLogger(__name__)
@@ -181,24 +181,27 @@ class GhostClippingModule(GradSampleModule):
 
     def _freeze_params(self, layer: nn.Module, args: tuple) -> None:
         """Make the layer's trainable own params not require grad for this forward call."""
-        if not self._capturing(layer) or id(layer) in self._frozen_by_us:
-            return
-        params = _trainable_direct(layer)
-        for p in params:
-            self._grad_before.setdefault(id(p), _grad_state(p))
-            p.requires_grad_(False)
-        self._frozen_by_us[id(layer)] = params
+        with bookkeeping():
+            if not self._capturing(layer) or id(layer) in self._frozen_by_us:
+                return
+            params = _trainable_direct(layer)
+            for p in params:
+                self._grad_before.setdefault(id(p), _grad_state(p))
+                p.requires_grad_(False)
+            self._frozen_by_us[id(layer)] = params
 
     def _restore_params(self, layer: nn.Module, args: tuple, output: Any) -> None:
-        """Restore requires_grad; attach outputs to the graph when nothing else did."""
-        params = self._frozen_by_us.pop(id(layer), None)
-        if params is None:
-            return
-        for p in params:
-            p.requires_grad_(True)
-        for out in tree_leaves(output):
-            if isinstance(out, Tensor) and out.is_floating_point() and not out.requires_grad:
-                _AttachToGraph.apply(self._anchor, out)
+        """Restore requires_grad; attach outputs to the graph when nothing else did (in place:
+        each output stays the same tensor, provenance mark included)."""
+        with bookkeeping():
+            params = self._frozen_by_us.pop(id(layer), None)
+            if params is None:
+                return
+            for p in params:
+                p.requires_grad_(True)
+            for out in tree_leaves(output):
+                if isinstance(out, Tensor) and out.is_floating_point() and not out.requires_grad:
+                    _AttachToGraph.apply(self._anchor, out)
 
     # ------------------------------------------------------------------ per-layer work
     def _on_backprop(self, call: LayerCall, activations: list[Any], backprops: Tensor | tuple[Tensor, ...]) -> None:
@@ -465,8 +468,11 @@ class GhostClippingModule(GradSampleModule):
             self._capture_paused = False
 
     def clear_per_sample(self) -> None:
-        """Free everything captured (stored A, G, per-sample gradients, norms)."""
-        super().clear_per_sample()
+        """Free everything captured (stored A, G, per-sample gradients, norms).
+
+        Ghost mode never sets ``p.grad_sample`` (the base class's per-parameter reset is skipped:
+        a walk over every parameter, twice per step)."""
+        self._grad_samples.reset()
         self._ghost.clear()
         self._instantiated.clear()
         self._instantiated_uses.clear()

@@ -85,10 +85,14 @@ def _row_sums(indices: Tensor, values: Tensor, num_rows: int) -> Tensor:
 
 def _pair_counts(ids: Tensor, owners: Tensor, num_embeddings: int, batch: int) -> Tensor:
     """``sum_v c_{i,v}^2`` per owner, ``[B]`` int64 (exact): ``c_{i,v}`` counts ``ids[n] == v`` with
-    ``owners[n] == i`` (both ``[N]``). One sort of the ``(owner, id)`` keys."""
+    ``owners[n] == i`` (both ``[N]``). One sort of the ``(owner, id)`` keys; the sorted keys are
+    owner-major, so each owner's squared counts are one segment of their running sum."""
     keys = _keys(ids, owners, num_embeddings, batch)
     unique, counts = torch.unique(keys, return_counts=True)
-    return counts.new_zeros(batch).index_add_(0, (unique // num_embeddings).long(), counts * counts)
+    first_keys = torch.arange(1, batch + 1, dtype=unique.dtype, device=unique.device) * num_embeddings
+    ends = torch.searchsorted(unique, first_keys)  # owner i's keys end where owner i + 1's begin
+    running = torch.cat([counts.new_zeros(1), (counts * counts).cumsum(0)])
+    return running.index_select(0, ends).diff(prepend=counts.new_zeros(1))
 
 
 def _keys(ids: Tensor, owners: Tensor, num_embeddings: int, batch: int) -> Tensor:

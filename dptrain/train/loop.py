@@ -34,6 +34,7 @@ import torch
 
 from dptrain.data.virtual import BatchMemoryManager
 from dptrain.errors import ConfigError
+from dptrain.grad_sample.workspace import retain_freed_memory
 from dptrain.io import ensure_writable_dir
 from dptrain.train import checkpoint as ckpt
 from dptrain.train.budget import COMMIT_BLOCK_STEPS, BudgetGuard, PrivacySpend
@@ -363,6 +364,7 @@ def train(job: TrainingJob, settings: TrainSettings,
     _check_job(job, settings)
     run_dir = ensure_writable_dir(settings.run_dir)
     seed_everything(settings.seed)
+    retain_freed_memory()
     trainer = Trainer(job, settings, run_dir, loggers)
     with trainer.loggers, visible_notes():
         resume_on_every_rank(trainer.resumer)

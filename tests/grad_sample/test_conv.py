@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from dptrain.grad_sample.check import microbatch_grad_samples
-from dptrain.grad_sample.conv import conv_weight_grad_samples, prefers_grouped_kernel
+from dptrain.grad_sample.conv import conv_weight_grad_samples, prefers_grouped_kernel, weight_grad_kernel_for
 from tests.grad_sample.conftest import assert_per_sample_exact
 
 F64 = torch.float64
@@ -40,7 +40,15 @@ CONFIGS = {
         (2, 2, 4, 5, 4),
     ),
     "conv3d_valid": (nn.Conv3d, dict(in_channels=1, out_channels=2, kernel_size=2, padding="valid"), (2, 1, 3, 3, 3)),
+    "conv2d_one_channel_stride_padding": (
+        nn.Conv2d, dict(in_channels=1, out_channels=3, kernel_size=4, stride=2, padding=1), (3, 1, 9, 8)
+    ),
+    "conv1d_one_channel_strided_dilated_uneven": (  # the last input row is never reached by the stride
+        nn.Conv1d, dict(in_channels=1, out_channels=2, kernel_size=3, stride=3, dilation=2), (3, 1, 12)
+    ),
 }
+#: Configurations with one input channel per group: the direct kernel applies.
+ONE_CHANNEL_PER_GROUP = [name for name, (_, kwargs, _) in CONFIGS.items() if kwargs["in_channels"] == kwargs.get("groups", 1)]
 
 
 @pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
@@ -53,9 +61,12 @@ def test_conv_per_sample_gradients_match_recomputation(name, random_targets) -> 
 
 
 @pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
-@pytest.mark.parametrize("kernel", ["grouped", "unfold"])
-@pytest.mark.parametrize("name", CONFIGS)
-def test_both_weight_gradient_kernels_match_recomputation(name, kernel) -> None:
+@pytest.mark.parametrize(
+    ("name", "kernel"),
+    [(name, kernel) for name in CONFIGS for kernel in ("grouped", "unfold")]
+    + [(name, "direct") for name in ONE_CHANNEL_PER_GROUP],
+)
+def test_every_weight_gradient_kernel_matches_recomputation(name, kernel) -> None:
     cls, kwargs, shape = CONFIGS[name]
     layer = cls(**kwargs, dtype=F64)
     x = torch.randn(shape, dtype=F64)
@@ -72,6 +83,20 @@ def test_both_weight_gradient_kernels_match_recomputation(name, kernel) -> None:
 def test_kernel_choice_follows_the_measured_rule(in_channels, out_channels, size, grouped) -> None:
     layer = nn.Conv2d(in_channels, out_channels, 3, padding=1)
     assert prefers_grouped_kernel(layer, torch.zeros(1, out_channels, size, size)) is grouped
+
+
+def test_single_channel_convolutions_take_the_direct_kernel_on_cpu() -> None:
+    layer = nn.Conv2d(1, 16, 8, stride=2, padding=3)  # mnist_cnn's first layer
+    assert weight_grad_kernel_for(layer, torch.zeros(1, 16, 14, 14)) == "direct"
+    assert weight_grad_kernel_for(layer, torch.zeros(1, 16, 14, 14, device="meta")) == "unfold"
+    assert weight_grad_kernel_for(nn.Conv2d(16, 32, 4, stride=2), torch.zeros(1, 32, 5, 5)) == "grouped"
+
+
+def test_the_direct_kernel_refuses_several_input_channels_per_group() -> None:
+    layer = nn.Conv2d(2, 3, 3)
+    x = torch.randn(2, 2, 5, 5)
+    with pytest.raises(ValueError, match="one input channel per group"):
+        conv_weight_grad_samples(layer, x, torch.randn_like(layer(x)), kernel="direct")
 
 
 def test_conv_inside_a_cnn_with_mean_reduced_cross_entropy() -> None:

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from dptrain.grad_sample.ghost_embedding import embedding_clipped_sum, embedding_compact_use, embedding_norms
+from dptrain.grad_sample.ghost_embedding import _pair_counts, embedding_clipped_sum, embedding_compact_use, embedding_norms
 from tests.grad_sample.test_ghost_support import REGIMES, LargestAllocation, assert_ghost_matches_hooks
 
 
@@ -80,3 +80,11 @@ def test_embedding_clipped_sum_is_bitwise_the_same_on_one_and_two_threads(shared
         torch.set_num_threads(previous)
     for other in results[1:]:
         assert torch.equal(other, results[0])
+
+
+def test_pair_counts_are_each_owners_number_of_equal_token_pairs() -> None:
+    # owners 1 and 4 hold no token (all padding); key order mixes owners and ids
+    ids = torch.tensor([3, 1, 3, 3, 2, 1, 2, 0])
+    owners = torch.tensor([2, 0, 0, 2, 3, 0, 3, 2])
+    pairs = [int(((ids[owners == i].unsqueeze(0) == ids[owners == i].unsqueeze(1))).sum()) for i in range(5)]
+    assert _pair_counts(ids, owners, num_embeddings=4, batch=5).tolist() == pairs == [5, 0, 5, 4, 0]

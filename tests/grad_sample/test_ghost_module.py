@@ -287,3 +287,29 @@ def test_a_second_weighted_sum_of_one_backward_is_a_config_error_naming_the_laye
     ghost.weighted_sum(weights)
     with pytest.raises(ConfigError, match="layer '.*2'.*weighted_sum\\(\\) once per backward"):
         ghost.weighted_sum(weights)
+
+
+@pytest.mark.parametrize("wrapper", [GradSampleModule, GhostClippingModule])
+def test_a_torch_function_mode_sees_only_the_models_own_operations(wrapper) -> None:
+    from torch.overrides import TorchFunctionMode
+
+    class Count(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    x = torch.randn(5, 4)
+    with Count() as plain:
+        model(x)
+    wrapped = wrapper(copy.deepcopy(model))
+    with Count() as hooked:
+        wrapped(x)
+    # the hooks' reads of shapes and flags and their detached copies are bookkeeping, not model
+    # computation: the pass's provenance mode (and a user's mode) sees the model's operations only
+    # (a model without buffers: the check that a training forward changes none reads them)
+    assert hooked.calls == plain.calls

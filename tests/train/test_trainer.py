@@ -170,3 +170,12 @@ def test_bf16_precision_trains(tmp_path: Path) -> None:
     job.test_loader = None
     result = train(job, make_settings(tmp_path, epochs=1))
     assert result.status == "completed" and result.test_loss is None
+
+
+def test_training_keeps_freed_memory_in_the_heap_between_steps(tmp_path: Path, monkeypatch) -> None:
+    import dptrain.train.loop as loop
+
+    calls = []
+    monkeypatch.setattr(loop, "retain_freed_memory", lambda: calls.append(True) or True)
+    train(make_job(private=False), make_settings(tmp_path, max_steps=1))
+    assert calls == [True]
