@@ -418,7 +418,7 @@ def gram_bias_sq_norm_bounds(gram_g: Tensor, gamma_g: float, backprops: Tensor) 
     ones = gram_g.new_ones(()).expand_as(gram_g)
     bound, slack = gram_bounds(ones, gram_g, 0.0, gamma_g)
     if gram_g.dtype != torch.float64:
-        loose = (slack > GRAM_SLACK_TOLERANCE * bound).nonzero().squeeze(1)
+        loose = _loose(bound, slack)
         if loose.numel():
             bound[loose] = bias_sq_norm_bounds(backprops if loose.numel() == len(bound) else backprops[loose])
     return bound
