@@ -188,11 +188,11 @@ def sweep_points(summary: Mapping[str, Any]) -> list[SweepPoint]:
 
     A job without epsilon (privacy=none) becomes a point with epsilon None; a job with an
     infinite epsilon (sigma = 0) has no place on the plot and is left out, like failed ones and
-    interrupted ones (their accuracy is that of an intermediate evaluation).
+    interrupted or preempted ones (their accuracy is that of an intermediate evaluation).
     """
     rows = list(summary.get("jobs", []))
     common = set(common_overrides(rows)) if len(rows) > 1 else set()
-    usable = [r for r in rows if r.get("status") not in ("failed", "interrupted")
+    usable = [r for r in rows if r.get("status") not in ("failed", "interrupted", "preempted")
               and _number(r.get("test_accuracy")) is not None
               and (r.get("epsilon") is None or _number(r.get("epsilon")) is not None)]
     varying = [[o for o in r["overrides"] if o not in common] for r in usable]

@@ -107,6 +107,12 @@ def test_sweep_points_leave_out_interrupted_jobs_whose_accuracy_is_an_intermedia
     assert [p.job for p in sweep_points(summary)] == ["0"]
 
 
+def test_sweep_points_leave_out_preempted_jobs_whose_accuracy_is_an_intermediate_one():
+    summary = {"jobs": [_row("0", ["a=1"], 1.0, 0.5),
+                        _row("1", ["a=2"], 0.3, 0.4, status="preempted")]}
+    assert [p.job for p in sweep_points(summary)] == ["0"]
+
+
 def test_sweep_delta_is_the_delta_every_private_job_shares():
     assert sweep_delta({"jobs": [_row("0", [], 1.0, 0.5), _row("1", [], None, 0.6)]}) == 1e-5
     assert sweep_delta({"jobs": [{"delta": 1e-5}, {"delta": 1e-6}]}) is None

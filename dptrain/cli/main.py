@@ -100,12 +100,13 @@ def _print_outcome(result: RunResult) -> None:
     )
 
 
-def _print_interrupted(result: RunResult, command: str) -> None:
-    """The one line after Ctrl-C: what the run did and spent, and how to continue it."""
+def _print_interrupted(result: RunResult, command: str, how: str = "interrupted") -> None:
+    """The one line after Ctrl-C or a preempting signal (`how` says which): what the run did
+    and spent, and how to continue it."""
     spent = ("no privacy guarantee (privacy=none)" if result.epsilon is None else
              f"epsilon spent so far {result.epsilon:.4g} at delta {result.delta:.3g} (every step "
              f"committed to the ledger)")
-    print(f"dptrain: interrupted after {result.steps} steps; {spent}. Resume with: {command}",
+    print(f"dptrain: {how} after {result.steps} steps; {spent}. Resume with: {command}",
           flush=True)
 
 
@@ -114,9 +115,11 @@ def run_job(cfg: DictConfig) -> float | None:
 
     Returns the accuracy a Hydra sweeper should optimise: the validation accuracy when the run
     has a validation split (`dataset.validation_size`), else the test accuracy. Ctrl-C ends the
-    job (and a sweep) with one line, the run's result.json and exit status 130.
+    job (and a sweep) with one line, the run's result.json and exit status 130; SIGTERM or
+    SIGUSR1 (a scheduler's preemption) likewise after the step in progress and a checkpoint,
+    with exit status 128 + the signal's number (143, 138).
     """
-    from dptrain.train.job import RunInterrupted, selection_accuracy
+    from dptrain.train.job import RunInterrupted, RunPreempted, selection_accuracy
     from dptrain.cli.results import (
         failed_result,
         failure_replaces_result,
@@ -155,6 +158,14 @@ def run_job(cfg: DictConfig) -> float | None:
             from dptrain.train.loop import train
 
             result = train(job, settings, loggers)
+    except RunPreempted as stop:
+        from dptrain.cli.continuing import resume_command
+        from dptrain.train.preemption import exit_status
+
+        write_result(run_dir, stop.result, overrides, f"preempted ({stop.signal_name})")
+        _print_interrupted(stop.result, resume_command(hydra_cfg, overrides, run_dir),
+                           f"preempted by {stop.signal_name}")
+        sys.exit(exit_status(stop.signum))
     except RunInterrupted as stop:
         from dptrain.cli.continuing import resume_command
 

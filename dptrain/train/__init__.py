@@ -27,6 +27,7 @@ _PUBLIC = {
     "PrivacySettings": "dptrain.train.job",
     "RunResult": "dptrain.train.job",
     "RunInterrupted": "dptrain.train.job",
+    "RunPreempted": "dptrain.train.job",
     "private_job": "dptrain.train.job",
     "TrainConfig": "dptrain.train.settings",
     "TrainSettings": "dptrain.train.settings",

@@ -96,7 +96,8 @@ class TrainingJob:
 class RunResult:
     """What a finished (or stopped) run reports back to the CLI and the sweep summary."""
 
-    status: str          # "completed" | "stopped_at_budget" | "interrupted" (Ctrl-C) | "failed"
+    status: str          # "completed" | "stopped_at_budget" | "interrupted" (Ctrl-C) |
+                         # "preempted" (SIGTERM / SIGUSR1) | "failed"
     steps: int
     epochs_completed: int
     epsilon: float | None                    # None for a non-private run
@@ -127,6 +128,16 @@ class RunInterrupted(KeyboardInterrupt):
     def __init__(self, result: RunResult) -> None:
         super().__init__(f"interrupted after {result.steps} steps")
         self.result = result
+
+
+class RunPreempted(RunInterrupted):
+    """SIGTERM or SIGUSR1 (a scheduler's preemption) stopped a run after a whole step: the
+    ledger says "preempted", `checkpoints/last.pt` holds the state after that step, and
+    `result` is what the run had done. `signum` is the signal's number, `signal_name` its name."""
+
+    def __init__(self, result: RunResult, signum: int, signal_name: str) -> None:
+        super().__init__(result)
+        self.signum, self.signal_name = signum, signal_name
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,9 @@ from dptrain.train.settings import TrainSettings
 
 SCHEMA_VERSION = 1
 LEDGER_FILENAME = "privacy_ledger.json"
-# "interrupted": stopped by Ctrl-C (SIGINT); "failed": stopped by an error.
-STATUSES = ("running", "completed", "stopped_at_budget", "interrupted", "failed")
+# "interrupted": stopped by Ctrl-C (SIGINT); "preempted": stopped by SIGTERM or SIGUSR1 after a
+# whole step, checkpointed (dptrain.train.preemption); "failed": stopped by an error.
+STATUSES = ("running", "completed", "stopped_at_budget", "interrupted", "preempted", "failed")
 # What epsilon protects: DP-SGD with Poisson sampling is accounted for add/remove adjacency.
 PRIVACY_UNIT = "one training example (add/remove: datasets differing by one example)"
 NON_PRIVATE_NOTE = "non-private: no privacy guarantee"

@@ -45,6 +45,7 @@ from dptrain.train.job import (
     Evaluation,
     Position,
     RunInterrupted,
+    RunPreempted,
     RunResult,
     TrainingJob,
     check_model_selection,
@@ -57,6 +58,7 @@ from dptrain.train.loggers import (  # noqa: F401  (METRICS_FILENAME: where it w
     MetricLoggers,
     learning_rates,
 )
+from dptrain.train.preemption import Preemption
 from dptrain.train.resume import Resumer, resume_on_every_rank
 from dptrain.train.settings import TrainSettings
 
@@ -103,6 +105,7 @@ class Trainer:
         self.loggers = MetricLoggers([JsonlLogger(run_dir)] if loggers is None else loggers)
         self.resumer = Resumer(job, settings, run_dir, self.pos, self.spend, self.checkpointer,
                                self.ledger, self.loggers)
+        self.preemption = Preemption()
         self._epoch_started = time.monotonic()
         self.ledger.data["start_fingerprint"] = self.checkpointer.fingerprint()
         self.ledger.data["devices"] = [job.device.type]
@@ -112,7 +115,10 @@ class Trainer:
         """Train until every epoch (or max_steps, or the budget) is done; the result.
 
         Ctrl-C raises RunInterrupted (a KeyboardInterrupt) carrying the result so far, after the
-        ledger is marked "interrupted"; any other error marks it "failed" and propagates.
+        ledger is marked "interrupted"; SIGTERM or SIGUSR1 (`self.preemption`, handled by
+        `train`) stops after the step in progress and raises RunPreempted after writing
+        `checkpoints/last.pt` and marking the ledger "preempted"; any other error marks it
+        "failed" and propagates.
         """
         self.ledger.write()
         self.loggers.log_config(self.job.config)
@@ -123,9 +129,17 @@ class Trainer:
                 if self.pos.stopped_at_budget:
                     status = "stopped_at_budget"
                     break
+                if self.preemption.signum is not None:
+                    self._preempt()
             self._final_eval_and_checkpoint()
             self.checkpointer.save_model()
+        except RunPreempted:
+            raise
         except KeyboardInterrupt:
+            if self.preemption.signum is not None:   # a second preempting signal: stop now
+                self._end("preempted")
+                raise RunPreempted(self._result("preempted"), self.preemption.signum,
+                                   self.preemption.name) from None
             self._end("interrupted")
             raise RunInterrupted(self._result("interrupted")) from None
         except BaseException as err:
@@ -177,7 +191,7 @@ class Trainer:
             if not in_step:
                 if done >= left:
                     return True
-                if self.settings.stop_requested(pos):
+                if self.settings.stop_requested(pos) or self.preemption.requested():
                     return False
                 steps_left = min(left - done, spend.steps_left(self.settings.max_steps))
                 if not spend.ensure_committed(steps_left):
@@ -320,9 +334,20 @@ class Trainer:
         self.checkpointer.save([LAST, *self._best()])
 
     # -- endings -------------------------------------------------------------------------------
+    def _preempt(self) -> None:
+        """After the step in progress when a preempting signal arrived: checkpoint the state
+        (`last.pt`, no evaluation: a preempted job has seconds), mark the ledger "preempted" and
+        raise RunPreempted."""
+        if self.checkpointer.last_saved_step != self.pos.step:
+            self.checkpointer.save([LAST])
+        refresh_layer_strategies(self.ledger, self.job.model)
+        self.ledger.finish("preempted", self.spend.spent(), self.spend.steps_completed())
+        signum = int(self.preemption.signum)
+        raise RunPreempted(self._result("preempted"), signum, self.preemption.name)
+
     def _end(self, status: str, error: str | None = None) -> None:
-        """Mark the ledger "interrupted" or "failed", keeping every committed step (never
-        under-report)."""
+        """Mark the ledger "interrupted", "preempted" or "failed", keeping every committed step
+        (never under-report)."""
         with contextlib.suppress(Exception):  # the original error matters more than the write
             self.ledger.finish(status, self.ledger.history, self.spend.steps_completed(),
                                error=error)
@@ -358,6 +383,9 @@ def train(job: TrainingJob, settings: TrainSettings,
     hardware=ddp: on every rank, also when the ranks resumed to different states); raises
     BudgetExhaustedError when resuming a run whose budget is already spent. Ctrl-C raises
     RunInterrupted (a KeyboardInterrupt) with the result so far; the ledger says "interrupted".
+    SIGTERM or SIGUSR1 (a scheduler's preemption; main thread only) stops the run after the step
+    in progress, writes `checkpoints/last.pt` and raises RunPreempted (a RunInterrupted); the
+    ledger says "preempted" (dptrain.train.preemption).
     Without rich bars (`settings.progress` off, or no terminal) the run's progress lines go to
     the `dptrain.train` logger (shown on stdout when logging is not configured).
     """
@@ -366,7 +394,7 @@ def train(job: TrainingJob, settings: TrainSettings,
     seed_everything(settings.seed)
     retain_freed_memory()
     trainer = Trainer(job, settings, run_dir, loggers)
-    with trainer.loggers, visible_notes():
+    with trainer.loggers, visible_notes(), trainer.preemption.installed():
         resume_on_every_rank(trainer.resumer)
         trainer.resumer.record()
         return trainer.run()
