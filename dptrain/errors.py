@@ -18,6 +18,18 @@ class PrivacyError(DPTrainError, ValueError):
     """A privacy parameter is invalid (sigma, q, delta, target epsilon, clipping norm...)."""
 
 
+class UnreachableEpsilonError(PrivacyError):
+    """No noise multiplier reaches `target_epsilon` at `delta` in `steps` steps at sample rate
+    `sample_rate`: even the largest sigma tried gives `best` (the message names the Python
+    arguments; a caller that knows other names for them, the CLI's keys, can say it again)."""
+
+    def __init__(self, message: str, target_epsilon: float, best: float, sample_rate: float,
+                 steps: int, delta: float) -> None:
+        super().__init__(message)
+        self.target_epsilon, self.best, self.sample_rate = target_epsilon, best, sample_rate
+        self.steps, self.delta = steps, delta
+
+
 class UnsupportedModuleError(DPTrainError, ValueError):
     """A module cannot be trained privately as it is (e.g. BatchNorm): the message names it."""
 

@@ -8,7 +8,7 @@ from typing import Callable
 
 from dptrain.accounting.registry import accountant_class
 from dptrain.checks import check_delta, check_epsilon, check_sample_rate, check_steps
-from dptrain.errors import PrivacyError
+from dptrain.errors import PrivacyError, UnreachableEpsilonError
 
 SIGMA_MIN = 1e-3   # below this, calibration reports the target as too loose to need noise
 SIGMA_MAX = 1e4    # above this, the target is declared unreachable
@@ -148,9 +148,9 @@ def get_noise_multiplier(*, target_epsilon: float, target_delta: float, sample_r
                             start if start is not None and math.isfinite(start) else None)
     if math.isinf(sigma):
         best = epsilon(SIGMA_MAX)
-        raise PrivacyError(
+        raise UnreachableEpsilonError(
             f"target_epsilon={target_epsilon!r} is unreachable with sample_rate={q}, steps={n}, "
             f"target_delta={delta}: even noise_multiplier={SIGMA_MAX:g} gives epsilon {best:.4g} "
-            f"(achievable range: [{best:.4g}, inf)); raise target_epsilon or reduce steps/sample_rate."
-        )
+            f"(achievable range: [{best:.4g}, inf)); raise target_epsilon or reduce steps/sample_rate.",
+            target, best, q, n, delta)
     return sigma

@@ -28,10 +28,16 @@ from dptrain.cli.privacy_request import (  # noqa: F401  (privacy_mode: part of 
     privacy_mode,
     reject_unknown_keys,
 )
-from dptrain.cli.schema import check_hardware
+from dptrain.cli.schema import check_hardware, check_optimizer
 from dptrain.data.datasets import DatasetSplits, load_dataset
 from dptrain.distributed.launch import join_run, wrap_model
-from dptrain.errors import ConfigError, DPTrainError, UnsupportedModuleError
+from dptrain.errors import (
+    ConfigError,
+    DPTrainError,
+    PrivacyError,
+    UnreachableEpsilonError,
+    UnsupportedModuleError,
+)
 from dptrain.models.hf import check_task, loss_for_task
 from dptrain.privacy.engine import PrivacyEngine
 from dptrain.train.job import PrivacySettings, TrainingJob, check_model_selection
@@ -233,6 +239,7 @@ def check_model_fits_data(model: nn.Module, splits: DatasetSplits, model_key: st
 def build_optimizer(optimizer_cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:
     """The `optimizer` group (`_target_: torch.optim.SGD`, lr, ...) over the trainable parameters."""
     target = str(optimizer_cfg.get("_target_", "?"))
+    check_optimizer(optimizer_cfg)
     params = [p for p in model.parameters() if p.requires_grad]
     try:
         optimizer = instantiate(optimizer_cfg, params=params)
@@ -276,7 +283,15 @@ def build_loaders(
 def _target_delta(configured: Any, num_examples: int) -> float:
     """`privacy.target_delta`, or the 1/(10 N) rule when it is null (said in the run's log)."""
     if configured is not None:
-        return float(configured)
+        delta = float(configured)
+        if num_examples and delta >= 1.0 / num_examples:
+            raise ConfigError(
+                f"privacy.target_delta={configured} is not below 1/N = {1.0 / num_examples:.3g} "
+                f"(N = {num_examples} training examples): a mechanism that publishes one random "
+                f"training example satisfies that delta, so the epsilon reported would protect no "
+                f"one. Set privacy.target_delta well below 1/N, e.g. "
+                f"{default_delta(num_examples):g}, or null for 1/(10 N) rounded down.")
+        return delta
     delta = default_delta(num_examples)
     log.info(
         "privacy.target_delta is null: using delta = %g, 1/(10 N) rounded down to a power of "
@@ -285,6 +300,18 @@ def _target_delta(configured: Any, num_examples: int) -> float:
         num_examples,
     )
     return delta
+
+
+def _unreachable_in_keys(error: UnreachableEpsilonError, settings: TrainSettings,
+                         num_examples: int) -> PrivacyError:
+    """The calibration's refusal said again in the config keys that set its numbers."""
+    return PrivacyError(
+        f"privacy.target_epsilon={error.target_epsilon:g} cannot be reached: "
+        f"train.epochs={settings.epochs} at train.batch_size={settings.batch_size} of "
+        f"N = {num_examples} training examples is {error.steps} steps at sample rate "
+        f"{error.sample_rate:.3g}, and even sigma = 10000 spends epsilon {error.best:.4g} at "
+        f"delta {error.delta:g}. Raise privacy.target_epsilon to at least {error.best:.3g}, or "
+        f"lower train.epochs or train.batch_size.")
 
 
 def _make_engine(request: PrivacyRequest, seed: int) -> Any:
@@ -318,10 +345,13 @@ def make_private_job(
         poisson_sampling=request.poisson_sampling,
     )
     if request.calibrated:
-        model, optimizer, loader = engine.make_private_with_epsilon(
-            **common, target_epsilon=request.target_epsilon, target_delta=delta,
-            epochs=settings.epochs
-        )
+        try:
+            model, optimizer, loader = engine.make_private_with_epsilon(
+                **common, target_epsilon=request.target_epsilon, target_delta=delta,
+                epochs=settings.epochs
+            )
+        except UnreachableEpsilonError as error:
+            raise _unreachable_in_keys(error, settings, num_examples) from error
     else:
         model, optimizer, loader = engine.make_private(
             **common, noise_multiplier=request.noise_multiplier,

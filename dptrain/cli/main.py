@@ -34,7 +34,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 import dptrain.cli.resolvers  # noqa: F401  (the configs' ${dptrain.*:...} resolvers)
-from dptrain.cli.overrides import choose_sigma_option
+from dptrain.cli.overrides import choose_sigma_option, open_mapping_keys
 from dptrain.errors import DPTrainError
 
 if TYPE_CHECKING:  # torch-free import, so that `dptrain --help` starts fast
@@ -237,6 +237,7 @@ def main() -> None:
     verbose = _take_verbose_flags(sys.argv) or _verbose()
     try:
         choose_sigma_option(sys.argv)  # privacy.noise_multiplier=S alone is privacy=sigma
+        open_mapping_keys(sys.argv)    # model.lora.r=4 sets or adds a LoRA setting
     except DPTrainError as error:
         if verbose:
             raise

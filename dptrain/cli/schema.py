@@ -25,7 +25,14 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from dptrain.checks import NON_NEGATIVE_INT, check_fields, field_rules, one_of, setting
+from dptrain.checks import (
+    NON_NEGATIVE_INT,
+    NON_NEGATIVE_NUMBER,
+    check_fields,
+    field_rules,
+    one_of,
+    setting,
+)
 from dptrain.models.hf_config import DTYPES, TASKS
 from dptrain.train.settings import TrainConfig
 
@@ -142,19 +149,28 @@ class HFModelConfig(ModelConfig):
 
 # ----------------------------------------------------------------------------- optimizer
 @dataclass
-class SGDConfig:
+class OptimizerConfig:
+    """What every optimizer option shares: its class, a learning rate and weight decay."""
+
     _target_: str = MISSING
-    lr: float = MISSING
-    momentum: float = 0.0
-    weight_decay: float = 0.0
+    lr: float = setting(MISSING, NON_NEGATIVE_NUMBER)
+    weight_decay: float = setting(0.0, NON_NEGATIVE_NUMBER)
 
 
 @dataclass
-class AdamConfig:
-    _target_: str = MISSING
-    lr: float = MISSING
+class SGDConfig(OptimizerConfig):
+    momentum: float = setting(0.0, NON_NEGATIVE_NUMBER)
+
+
+@dataclass
+class AdamConfig(OptimizerConfig):
     betas: List[float] = dataclasses.field(default_factory=lambda: [0.9, 0.999])
-    weight_decay: float = 0.0
+
+
+def check_optimizer(optimizer: Any) -> None:
+    """ConfigError naming the first `optimizer.*` value its rule refuses (lr, weight_decay,
+    momentum: rules of every torch.optim optimizer that takes them)."""
+    check_fields(optimizer, SGDConfig, "optimizer")
 
 
 # ----------------------------------------------------------------------------- privacy

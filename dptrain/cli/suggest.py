@@ -18,6 +18,7 @@ from hydra.errors import MissingConfigException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
+from dptrain.cli.overrides import split_override
 from dptrain.cli.schema import accepts
 
 CONF_PACKAGE = "dptrain.conf"
@@ -81,11 +82,38 @@ def _close(word: str, candidates: list[str] | set[str]) -> list[str]:
 
 def _split_override(arg: str) -> tuple[str, str, str] | None:
     """(key, value, prefix) of a `key=value` override, its +/++/~ prefix split off; None for flags."""
-    if arg.startswith("-") or "=" not in arg:
+    parsed = split_override(arg)
+    return None if parsed is None else (parsed[1], parsed[2], parsed[0])
+
+
+def _internal(key: str) -> bool:
+    """A key users never set by hand (`model._target_`): never offered as a suggestion."""
+    return any(part.startswith("_") for part in key.split("."))
+
+
+def owners(key: str, groups: dict[str, list[str]]) -> list[str]:
+    """The `group=option` choices whose config defines the dotted `key`, e.g.
+    owners("dataset.train_file") == ["dataset=text"]."""
+    group = key.split(".")[0]
+    root = _conf_root()
+    return [f"{group}={option}" for option in groups.get(group, []) if group != "recipe"
+            and key in set(_dotted_keys(_load(root.joinpath(group, f"{option}.yaml")), group))]
+
+
+def _belongs_elsewhere(key: str, value: str, groups: dict[str, list[str]]) -> str | None:
+    """The hint for a known key that the command's option of its group lacks; None if no
+    option defines it."""
+    found = owners(key, groups)
+    if not found:
         return None
-    raw_key, value = arg.split("=", 1)
-    key = raw_key.lstrip("+~")
-    return key, value, raw_key[: len(raw_key) - len(key)]
+    extra = ADDABLE.get(key, "").format(key=key, value=value)
+    return (f"{key} is a key of {' and '.join(found)}, not of the {key.split('.')[0]} option "
+            f"this command uses: choose it ({found[0]} {key}={value}){extra}.")
+
+
+# Keys another option may take as an addition, and how (said after the option that defines them).
+ADDABLE = {"privacy.target_epsilon": ", or cap a privacy=sigma run at that budget with "
+                                     "+{key}={value}"}
 
 
 def _hint_for(
@@ -113,7 +141,7 @@ def _hint_for(
         return None
     if key in keys:
         return None
-    close = _close(key, set(groups) | keys)
+    close = _close(key, {k for k in set(groups) | keys if not _internal(k)})
     if close:
         return f"{key}: did you mean {close[0]}={value}?"
     return f"{key}: no such config group or key. Groups: {', '.join(sorted(groups))} (see dptrain --help)."
@@ -161,6 +189,10 @@ def explain(error: BaseException, argv: list[str]) -> str:
         return " ".join(found) if found else lead
     if not key:
         return " ".join([" ".join(str(error).split()), *found])
+    value = _override_value(argv, key)
+    elsewhere = None if value is None else _belongs_elsewhere(key, value, config_groups())
+    if elsewhere:
+        return elsewhere
     lead = f"{key} is not a config key"
     found = [line.removeprefix(f"{key}: ") for line in found]
     return f"{lead}: {' '.join(found)}" if found else f"{lead}; see dptrain --help for the keys."

@@ -133,3 +133,37 @@ def test_an_unwritable_sweep_folder_is_named_without_a_traceback(dptrain, tmp_pa
     (tmp_path / "a_file").write_text("not a folder")
     err = dptrain("-m", "hydra.sweep.dir=a_file/sweep", "train.seed=0,1", *QUIET)
     assert "hydra.sweep.dir" in err and "cannot be written" in err
+
+
+def test_a_suggestion_never_names_an_internal_key(dptrain):
+    err = dptrain("model.targt_=x", *QUIET)
+    assert "did you mean" in err and "model._target_" not in err
+
+
+def test_a_key_of_another_dataset_option_names_that_option(dptrain):
+    err = dptrain("dataset.train_file=x.csv", *QUIET)
+    assert "dataset.train_file is a key of dataset=text" in err
+    assert "dataset=text dataset.train_file=x.csv" in err
+
+
+def test_a_target_epsilon_with_privacy_sigma_names_privacy_epsilon_and_the_budget_cap(dptrain):
+    err = dptrain("privacy=sigma", "privacy.target_epsilon=8", *QUIET)
+    assert "privacy.target_epsilon is a key of privacy=epsilon" in err
+    assert "+privacy.target_epsilon=8" in err
+
+
+def test_a_negative_learning_rate_is_refused_naming_optimizer_lr(dptrain):
+    err = dptrain("optimizer.lr=-0.1", "train.max_steps=1", *QUIET)
+    assert "optimizer.lr=-0.1 is not accepted: optimizer.lr takes a finite number >= 0" in err
+
+
+def test_a_target_delta_not_below_one_over_n_is_refused_naming_the_key(dptrain):
+    err = dptrain("privacy.target_delta=0.01", "train.max_steps=1", *QUIET)
+    assert "privacy.target_delta=0.01 is not below 1/N" in err and "N = 1442" in err
+
+
+def test_an_unreachable_target_epsilon_is_explained_in_config_keys(dptrain):
+    err = dptrain("privacy.target_epsilon=0.001", "train.epochs=1", *QUIET)
+    assert "privacy.target_epsilon=0.001 cannot be reached" in err
+    assert "train.epochs=1 at train.batch_size=128" in err
+    assert "sample_rate=" not in err and "steps=" not in err

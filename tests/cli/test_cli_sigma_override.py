@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from dptrain_runner import QUIET, read_json, run_in_process
 
-from dptrain.cli.overrides import choose_sigma_option
+from dptrain.cli.overrides import choose_sigma_option, open_mapping_keys
 from dptrain.errors import ConfigError
 from dptrain.train.ledger import load_ledger
 
@@ -87,3 +87,29 @@ def test_the_rewrite_keeps_an_explicit_sigma_option_and_leaves_other_commands_al
 def test_a_sweep_mixing_privacy_options_with_a_sigma_is_refused() -> None:
     with pytest.raises(ConfigError, match="privacy=epsilon is chosen too"):
         choose_sigma_option(["dptrain", "-m", "privacy=epsilon,sigma", "privacy.noise_multiplier=1"])
+
+
+@pytest.mark.parametrize("prefix", ["", "+", "++"])
+def test_a_dotted_lora_key_sets_or_adds_the_setting_with_or_without_plus(prefix: str) -> None:
+    argv = ["dptrain", "model=hf", f"{prefix}model.lora.r=4", "train.epochs=1"]
+    open_mapping_keys(argv)
+    assert argv == ["dptrain", "model=hf", "++model.lora.r=4", "train.epochs=1"]
+
+
+def test_dotted_lora_keys_compose_into_the_lora_mapping(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_in_process(["model=hf", "model.name_or_path=x", "model.lora.r=4",
+                                     "model.lora.target_modules=[query,value]", "--cfg", "job"],
+                                    tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert "lora:\n    r: 4\n    target_modules:\n    - query\n    - value" in out
+
+
+def test_a_dotted_lora_key_overrides_one_setting_of_a_recipe(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_in_process(["+recipe=sst2_roberta_lora", "+model.lora.r=4", "--cfg",
+                                     "job"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert "lora:\n    r: 4\n    alpha:" in out
