@@ -146,6 +146,13 @@ def check_delta(value: Any, name: str = "delta") -> float:
     return float(value)
 
 
+def default_delta(num_examples: int) -> float:
+    """The delta used when none is given (privacy.target_delta null, dptrain-privacy without
+    --delta): 1/(10 N) rounded down to a power of ten (N = 1,442 -> 1e-5, N = 60,000 -> 1e-6)."""
+    exponent = len(str(10 * max(1, int(num_examples)) - 1))  # smallest k with 10^k >= 10 N
+    return float(10.0**-exponent)
+
+
 def check_epsilon(value: Any, name: str = "epsilon", *, target: bool = False) -> float:
     """epsilon as a float >= 0 (natural-log units); a `target` epsilon must be finite and > 0."""
     ok = is_real(value) and not math.isnan(value) and value >= 0

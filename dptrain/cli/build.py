@@ -28,6 +28,7 @@ from dptrain.cli.privacy_request import (  # noqa: F401  (privacy_mode: part of 
     privacy_mode,
     reject_unknown_keys,
 )
+from dptrain.checks import default_delta
 from dptrain.cli.schema import check_hardware, check_optimizer
 from dptrain.data.datasets import DatasetSplits, load_dataset
 from dptrain.distributed.launch import join_run, wrap_model
@@ -41,7 +42,6 @@ from dptrain.errors import (
 from dptrain.models.hf import check_task, loss_for_task
 from dptrain.privacy.engine import PrivacyEngine
 from dptrain.train.job import PrivacySettings, TrainingJob, check_model_selection
-from dptrain.train.ledger import default_delta
 from dptrain.train.loggers import make_loggers
 from dptrain.train.loop import seed_everything
 from dptrain.train.settings import TrainConfig, TrainSettings

@@ -3,6 +3,7 @@
     dptrain-privacy epsilon --sigma 1.1 --sample-rate 0.004 --steps 10000 --delta 1e-5
     dptrain-privacy epsilon --sigma 1.1 --batch-size 256 --dataset-size 60000 --epochs 60 --delta 1e-5
     dptrain-privacy sigma --target-epsilon 3 --delta 1e-5 --sample-rate 0.004 --epochs 10
+    dptrain-privacy epsilon --sigma 1.1 --batch-size 128 --dataset-size 1442 --epochs 30  # delta 1e-5, as dptrain
     ... --accountant prv rdp   # a subset;  --json  for machine-readable output
 
 Bad input prints one line `dptrain-privacy: error: ...` and exits with status 2.
@@ -26,6 +27,7 @@ from dptrain.checks import (
     check_epsilon,
     check_noise_multiplier,
     check_sample_rate,
+    default_delta,
 )
 from dptrain.cli.args import OneLineParser, fail
 from dptrain.errors import ConfigError, DPTrainError, PrivacyError
@@ -76,7 +78,9 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     length.add_argument("--epochs", type=float,
                         help="passes over the data: T = ceil(epochs * ceil(1 / q)), the steps "
                         "`dptrain train.epochs=EPOCHS` runs")
-    parser.add_argument("--delta", type=float, required=True, help="target delta, e.g. 1e-5")
+    parser.add_argument("--delta", type=float,
+                        help="target delta, e.g. 1e-5 (default with --dataset-size: 1/(10 N) "
+                        "rounded down to a power of ten, as dptrain chooses it)")
     parser.add_argument("--accountant", nargs="+", choices=sorted(ACCOUNTANTS), default=list(ORDER),
                         help="accountants to report (default: all)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -110,10 +114,20 @@ def resolve_plan(args: argparse.Namespace) -> Plan:
         if args.batch_size > args.dataset_size:
             raise PrivacyError(f"--batch-size={args.batch_size} exceeds --dataset-size={args.dataset_size}")
         q = args.batch_size / args.dataset_size
-    check_delta(args.delta, "--delta")
+    delta = _delta(args.delta, args.dataset_size)
     if args.epochs is not None:
         POSITIVE_NUMBER.check(args.epochs, "--epochs")
-    return Plan(q, steps_for(q, args.steps, args.epochs), args.delta)
+    return Plan(q, steps_for(q, args.steps, args.epochs), delta)
+
+
+def _delta(given: float | None, dataset_size: int | None) -> float:
+    """--delta, else dptrain's default for --dataset-size N (1/(10 N) rounded down)."""
+    if given is not None:
+        return check_delta(given, "--delta")
+    if dataset_size is None:
+        raise PrivacyError("give --delta (e.g. 1e-5), or --dataset-size for the delta dptrain "
+                           "chooses by default: 1/(10 N) rounded down to a power of ten")
+    return default_delta(dataset_size)
 
 
 def _ordered(names: Sequence[str]) -> list[str]:

@@ -115,7 +115,7 @@ class PrivacyRequest:
     mode: str                                 # EPSILON | SIGMA | NONE
     target_epsilon: float | None = None       # EPSILON: the calibration target; SIGMA: a cap
     noise_multiplier: float | None = None     # SIGMA: sigma
-    target_delta: float | None = None         # None: 1/(10 N) (dptrain.train.ledger.default_delta)
+    target_delta: float | None = None         # None: 1/(10 N) (dptrain.checks.default_delta)
     max_grad_norm: float | tuple[float, ...] = 1.0   # C, or per-layer bounds
     accountant: str = "prv"
     clipping: str = "flat"

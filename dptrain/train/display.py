@@ -25,6 +25,7 @@ from dptrain.train.ledger import PRIVACY_UNIT, PrivacyLedger
 log = logging.getLogger("dptrain.train")
 
 PROGRESS_EVERY_S = 10.0   # without bars: a phase longer than this reports its progress this often
+EPSILON_EVERY_S = 1.0     # with bars: the epsilon spent so far is recomputed at most this often
 
 # How the noise and the batch sampling are seeded (the ledger's mechanism.randomness), as the
 # summary says it.
@@ -102,6 +103,7 @@ class Display:
         self._label = ""
         self._total: int | None = None
         self._done = 0
+        self._epsilon_due = _Every(0.0)
 
     # -- training ------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -125,23 +127,27 @@ class Display:
 
         columns = (TextColumn(self._label), BarColumn(), MofNCompleteColumn(),
                    TextColumn("loss {task.fields[loss]} acc {task.fields[acc]} "
-                              "eps<= {task.fields[eps]}"), TimeElapsedColumn())
+                              "eps {task.fields[eps]}"), TimeElapsedColumn())
         with Progress(*columns, console=self.console, transient=False) as progress:
             self._progress = progress
+            self._epsilon_due = _Every(EPSILON_EVERY_S)
             self._task = progress.add_task("train", total=total, loss="-", acc="-", eps="-")
             yield
         self._progress = None
 
-    def advance(self, tally: Tally, epsilon: float | None) -> None:
-        """One logical step done: `tally` of the epoch so far, `epsilon` spent so far."""
+    def advance(self, tally: Tally, epsilon: Callable[[], float | None]) -> None:
+        """One logical step done: `tally` of the epoch so far; `epsilon()` is the epsilon of
+        the steps taken so far (not of the block committed ahead of them), asked for only when
+        shown: at most every EPSILON_EVERY_S on a bar, on each progress line."""
         self._done += 1
         if self._progress is not None:
+            shown = {"eps": _fmt(epsilon())} if self._epsilon_due.due() else {}
             self._progress.update(self._task, advance=1, loss=_fmt(tally.loss),
-                                  acc=_fmt(tally.accuracy), eps=_fmt(epsilon))
+                                  acc=_fmt(tally.accuracy), **shown)
         elif self._lines is not None and self._lines.due():
             of = "" if self._total is None else f"/{self._total}"
             note(f"{self._label}: step {self._done}{of}, loss {_fmt(tally.loss)}, epsilon so far "
-                 f"{_fmt(epsilon)}, {self._lines.elapsed():.0f} s")
+                 f"{_fmt(epsilon())}, {self._lines.elapsed():.0f} s")
 
     def epoch_line(self, label: str, record: dict[str, Any], seconds: float) -> None:
         """Without bars: one line for an epoch's metrics `record` (a metrics.jsonl record)."""

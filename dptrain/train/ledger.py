@@ -37,6 +37,7 @@ from dptrain.accounting.history import (  # noqa: F401  (re-exported: the ledger
     merge_history,
     truncate_history,
 )
+from dptrain.checks import default_delta  # noqa: F401  (re-exported: where it was)
 from dptrain.errors import ConfigError, DPTrainError
 from dptrain.io import atomic_write_json, json_safe
 from dptrain.train.job import TrainingJob
@@ -228,13 +229,6 @@ def same_config(recorded_hash: str, recorded: dict[str, Any], config: dict[str, 
     """True when `config` is the recorded run's config: the same hash, or the same values (a
     typed config reads `optimizer.lr=1` as 1.0 where an untyped one kept 1: same run)."""
     return recorded_hash == config_hash(config) or not config_differences(recorded, config)
-
-
-def default_delta(num_examples: int) -> float:
-    """The delta used when privacy.target_delta is null: 1/(10 N) rounded down to a power of ten
-    (N = 1,442 -> 1e-5, N = 60,000 -> 1e-6)."""
-    exponent = len(str(10 * max(1, int(num_examples)) - 1))  # smallest k with 10^k >= 10 N
-    return float(10.0**-exponent)
 
 
 def epsilon_of(history: History, delta: float, accountant: str) -> float:

@@ -208,7 +208,7 @@ class Trainer:
                 pos.step, in_step = steps, False
                 pos.steps_in_epoch += 1
                 done += 1
-                self.display.advance(tally, self.ledger.epsilon)
+                self.display.advance(tally, self.spend.epsilon)
                 self._log_step(tally, start)
 
     def _physical_step(self, batch: Any, tally: Tally) -> None:

@@ -109,3 +109,15 @@ def test_an_infinite_epsilon_with_some_noise_is_not_blamed_on_zero_noise(capsys)
                  "--delta", "1e-5", "--accountant", "gdp"]) == 0
     out = capsys.readouterr().out
     assert "no finite guarantee" in out and "sigma = 0" not in out
+
+
+def test_without_delta_the_dataset_size_gives_the_delta_dptrain_defaults_to(capsys):
+    assert main(["epsilon", "--sigma", "1.1", "--batch-size", "128", "--dataset-size", "1442",
+                 "--epochs", "30", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"]["delta"] == 1e-5
+
+
+def test_without_delta_or_dataset_size_the_command_asks_for_delta():
+    proc = run_cli("epsilon", "--sigma", "1.1", "--sample-rate", "0.004", "--steps", "1000")
+    assert proc.returncode == 2
+    assert "give --delta" in proc.stderr and "--dataset-size" in proc.stderr

@@ -93,3 +93,21 @@ def test_the_summary_flags_synthetic_data_and_fits_80_columns(
     assert "SYNTHETIC random data" in out and "…" not in out
     assert max(len(line) for line in out.splitlines()) <= 80
     assert "".join(re.findall(r"│ ([^│]*?) *│$", out, flags=re.M)).count("a_run_folder_with") >= 6
+
+
+def test_a_progress_line_shows_the_epsilon_of_the_steps_taken_not_of_the_block_committed_ahead(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dptrain.train.budget import epsilon_of
+    from dptrain.train.ledger import load_ledger
+
+    monkeypatch.setattr(display, "PROGRESS_EVERY_S", 0.0)   # a line after every step
+    with caplog.at_level(logging.INFO, logger="dptrain.train"):
+        train(make_job(), make_settings(tmp_path, epochs=1, progress=False))
+    ledger = load_ledger(tmp_path)
+    sigma, q, _ = ledger["history"][0]["noise_multiplier"], ledger["history"][0]["sample_rate"], 0
+    shown = {int(m.group(1)): float(m.group(2)) for line in _lines(caplog)
+             if (m := re.match(r"epoch 1/1: step (\d)/4, .*epsilon so far ([0-9.]+)", line))}
+    assert set(shown) == {1, 2, 3, 4}
+    for step, epsilon in shown.items():
+        expected = epsilon_of([(sigma, q, step)], ledger["delta"], ledger["accountant"])
+        assert epsilon == pytest.approx(expected, rel=1e-3, abs=1e-3)
