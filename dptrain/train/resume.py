@@ -5,8 +5,9 @@ restores every state a checkpoint holds (dptrain.train.checkpoint; generators se
 entropy are not saved: the resumed run draws fresh noise and fresh batches). The steps an earlier process
 had committed beyond the resume point stay in the ledger: charged once, as the steps the resumed
 run retakes, when the replay is exact (a reproducible mechanism on the CPU, over the same training
-data), and charged in addition to them otherwise (dptrain.train.replay). A run folder holding another run's ledger (another config, or no resume
-asked) is refused, and so is resuming a run whose budget is spent; nothing is changed then.
+data), and charged in addition to them otherwise (dptrain.train.replay). A run folder holding
+another run's ledger (another config, or no resume asked) is refused, and so is resuming a run
+whose budget is spent; nothing is changed then.
 """
 
 from __future__ import annotations
@@ -215,7 +216,6 @@ class Resumer:
         spend.replayed = steps_after(history, resumed_steps) if exact else []
         spend.resumed_at = self.pos.step
         return history_steps(spend.replayed), history_steps(lost)
-
 
     @staticmethod
     def _recorded_data(previous: dict[str, Any], state: dict[str, Any] | None) -> list[str]:

@@ -46,8 +46,9 @@ class Items(Dataset):
 
 def test_the_same_records_give_the_same_fingerprint() -> None:
     x, y = _records()
-    assert data_fingerprint(ArrayDataset(x, y)) == data_fingerprint(ArrayDataset(x.clone(), y.clone()))
-    assert len(data_fingerprint(ArrayDataset(x, y))) == 64
+    fingerprint = data_fingerprint(ArrayDataset(x, y))
+    assert fingerprint == data_fingerprint(ArrayDataset(x.clone(), y.clone()))
+    assert len(fingerprint) == 64
 
 
 def test_one_changed_element_of_one_record_changes_the_fingerprint() -> None:
@@ -55,7 +56,8 @@ def test_one_changed_element_of_one_record_changes_the_fingerprint() -> None:
     pixel, label = x.clone(), y.clone()
     pixel[7, 1, 2, 3] ^= 1
     label[7] = (label[7] + 1) % 10
-    fingerprints = {data_fingerprint(ArrayDataset(a, b)) for a, b in ((x, y), (pixel, y), (x, label))}
+    fingerprints = {data_fingerprint(ArrayDataset(a, b))
+                    for a, b in ((x, y), (pixel, y), (x, label))}
     assert len(fingerprints) == 3
 
 
@@ -63,12 +65,14 @@ def test_the_order_of_the_records_matters() -> None:
     x, y = _records()
     swapped = torch.arange(len(y))
     swapped[[3, 4]] = swapped[[4, 3]]
-    assert data_fingerprint(ArrayDataset(x, y)) != data_fingerprint(ArrayDataset(x[swapped], y[swapped]))
+    reordered = ArrayDataset(x[swapped], y[swapped])
+    assert data_fingerprint(ArrayDataset(x, y)) != data_fingerprint(reordered)
 
 
 def test_a_random_transform_does_not_change_the_fingerprint_of_stored_records() -> None:
     x, y = _records()
-    assert data_fingerprint(ArrayDataset(x, y, RandomFlip())) == data_fingerprint(ArrayDataset(x, y))
+    augmented = ArrayDataset(x, y, RandomFlip())
+    assert data_fingerprint(augmented) == data_fingerprint(ArrayDataset(x, y))
 
 
 def test_tensor_datasets_subsets_and_concatenations_hash_their_records() -> None:
@@ -78,7 +82,8 @@ def test_tensor_datasets_subsets_and_concatenations_hash_their_records() -> None
     assert data_fingerprint(Subset(whole, [1, 2])) != data_fingerprint(Subset(whole, [2, 1]))
     changed = x.clone()
     changed[1, 0, 0, 0] ^= 1
-    assert data_fingerprint(Subset(whole, [1])) != data_fingerprint(Subset(TensorDataset(changed, y), [1]))
+    other = TensorDataset(changed, y)
+    assert data_fingerprint(Subset(whole, [1])) != data_fingerprint(Subset(other, [1]))
     assert data_fingerprint(ConcatDataset([whole, whole])) != data_fingerprint(whole)
 
 
