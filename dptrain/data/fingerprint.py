@@ -17,7 +17,9 @@ augmentation would give a new fingerprint on every call):
 
 Anything else (an iterable dataset, an item of another type, a reading error) is `UNKNOWN`, which
 never matches: a replay over it is treated as a new computation. The cost is one pass over the
-stored bytes (SHA-256, about 0.2 s for 50,000 CIFAR-10 images of 3x32x32 uint8).
+stored bytes (SHA-256: 0.16 s for 50,000 images of 3x32x32 uint8, under 1 ms for the embedded
+digits), or item by item one read of every record (2.6 s for the same 50,000 images as numpy
+arrays).
 """
 
 from __future__ import annotations
