@@ -8,7 +8,8 @@ file is refused with a clear error instead of silently loading wrong weights. Re
 The state holds the model, the optimizer, the engine/accountant state, the RNG states (torch,
 numpy, python, CUDA), every `torch.Generator` of the loader and the optimizer (the Poisson
 sampler's and the noise generator only when they are reproducible, `resumable_generators`), the
-step, the epoch and the config with its hash. A checkpoint is resume state, not a file to share:
+step, the epoch, the config with its hash and the training data's fingerprint
+(`data_fingerprint`: dptrain.data.fingerprint). A checkpoint is resume state, not a file to share:
 with a reproducible mechanism it holds the generators' states, from which the noise and the
 batches can be rebuilt.
 The model to release is written by `save_weights` (the weights alone). `Checkpointer` writes a
@@ -32,6 +33,7 @@ from dptrain.train.budget import PrivacySpend
 from dptrain.train.job import Position, TrainingJob, unwrap
 from dptrain.train.ledger import PrivacyLedger, config_differences, refresh_layer_strategies, same_config
 from dptrain.train.replay import start_fingerprint
+from dptrain.data.fingerprint import data_fingerprint
 from dptrain.distributed.runtime import is_main_process
 from dptrain.errors import ConfigError
 from dptrain.io import atomic_write_bytes, fsync_dir
@@ -321,6 +323,12 @@ class Checkpointer:
         self.fresh_generators = fresh_generator_names(job.train_loader, job.optimizer)
         self.epoch_start_generators: dict[str, torch.Tensor] = {}
         self.last_saved_step: int | None = None
+        # The training data's contents (dptrain.data.fingerprint), saved in every checkpoint: a
+        # replay over other data is not the same computation (dptrain.train.replay). Read item by
+        # item only when a replay can be exact (a reproducible mechanism): else it is a record.
+        replays = job.engine is not None and job.engine.mechanism_replays()
+        self.data_fingerprint = data_fingerprint(getattr(job.train_loader, "dataset", None),
+                                                 read_items=replays)
 
     def fingerprint(self) -> str:
         """The run's starting point (dptrain.train.replay.start_fingerprint)."""
@@ -376,6 +384,7 @@ class Checkpointer:
             "rng": capture_rng_state(),
             "generators": generator_states(self.generators),
             "epoch_start_generators": self.epoch_start_generators,
+            "data_fingerprint": self.data_fingerprint,
         }
         save_checkpoint(self.run_dir / paths[0], state)
         for path in paths[1:]:

@@ -1,9 +1,10 @@
 """The privacy ledger: an auditable, crash-safe record of what a run spent.
 
 `privacy_ledger.json` (schema version `SCHEMA_VERSION`, documented in docs/ledger.md) holds the
-resolved config and its hash, the dataset and its size N, the mechanism, the accountant, the target (epsilon, delta), the history of steps as runs
-of identical (noise_multiplier, sample_rate), the epsilon it implies under every accountant, the
-status and the checkpoints written. Every write is atomic (`dptrain.io.atomic_write_json`).
+resolved config and its hash, the dataset, its size N and the fingerprint of its contents, the
+mechanism, the accountant, the target (epsilon, delta), the history of steps as runs of identical
+(noise_multiplier, sample_rate), the epsilon it implies under every accountant, the status and the
+checkpoints written. Every write is atomic (`dptrain.io.atomic_write_json`).
 
 The trainer commits steps to the history BEFORE they touch data, so a ledger left by a killed
 process never under-reports: `steps_completed + committed_ahead == sum(history steps)`.
@@ -121,7 +122,12 @@ LEDGER_SCHEMA: dict[str, Any] = {
                            # preprocessing that read the private training data (outside
                            # epsilon); absent in ledgers written before it was recorded
                            "private_preprocessing": {"type": "array",
-                                                     "items": {"type": "string"}}},
+                                                     "items": {"type": "string"}},
+                           # the SHA-256 of the training data of every process of the run
+                           # (dptrain.data.fingerprint; "unknown": not hashed), in the order
+                           # first used; absent in ledgers written before it was recorded
+                           "fingerprints": {"type": "array", "minItems": 1, "items": {
+                               "type": "string", "pattern": "^([0-9a-f]{64}|unknown)$"}}},
         },
         "model_selection": {
             "type": ["object", "null"],
@@ -415,7 +421,8 @@ class PrivacyLedger:
         by an exact replay (the same computation, charged once: they stay in the history until
         the resumed run retakes them, and for good if it stops before them) and `charged` stay
         in the history in addition to the retaken steps (their replay differs: secure mode, a
-        restart from another starting state, a device other than the CPU; train/replay.py).
+        restart from another starting state, other training data, a device other than the CPU;
+        train/replay.py).
         """
         self.data["resumes"].append({"checkpoint": checkpoint, "step": int(step),
                                      "discarded_committed_steps": int(discarded),

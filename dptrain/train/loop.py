@@ -109,6 +109,7 @@ class Trainer:
         self._epoch_started = time.monotonic()
         self.ledger.data["start_fingerprint"] = self.checkpointer.fingerprint()
         self.ledger.data["devices"] = [job.device.type]
+        self.ledger.data["dataset"]["fingerprints"] = [self.checkpointer.data_fingerprint]
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> RunResult:

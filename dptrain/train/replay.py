@@ -14,6 +14,13 @@ replay is the SAME computation (`replay_is_exact`):
 - a reproducible mechanism, restarted from step 0 (no checkpoint yet): the same holds only when
   the new job starts from the same state: same initial weights and generator states, which
   `start_fingerprint` checks;
+- either way, only over the same training data: the same coins and the same noise drawn over a
+  changed record release a second model that differs from the first by that record's influence,
+  the noise cancelled (no privacy for that record: "unlearning" by replaying from a checkpoint).
+  The ledger records the fingerprint of the training data of every process of the run
+  (`dataset.fingerprints`, dptrain.data.fingerprint; "unknown" for a ledger written before it did,
+  or a dataset whose contents cannot be hashed), and `data_difference` compares them with the
+  resuming process's;
 - noise and sampling seeded from OS entropy (the default) or secure mode: neither is ever
   replayed (their generators' states are never saved; secure mode has none), so a replayed step
   is a new release, on a freshly drawn Poisson batch. The fresh batch is what makes charging it
@@ -46,6 +53,7 @@ import torch
 from torch import nn
 
 from dptrain.accounting.history import History, history_steps, merge_history, steps_after
+from dptrain.data.fingerprint import UNKNOWN
 
 
 def start_fingerprint(model: nn.Module, generators: Mapping[str, torch.Generator]) -> str:
@@ -73,17 +81,32 @@ def bitwise_reproducible(device_type: str) -> bool:
     return device_type == "cpu"
 
 
+def data_difference(recorded: Iterable[str], current: str) -> str | None:
+    """None when every step of the run was computed on the training data the resuming process
+    holds: every fingerprint `recorded` (the ledger's `dataset.fingerprints`, the checkpoint's)
+    equals `current`, which is known. Otherwise why not, as a clause for the resume message."""
+    recorded = list(recorded)
+    if current == UNKNOWN or UNKNOWN in recorded:
+        return ("the training data's contents are unknown (dataset.fingerprints: a dataset "
+                "dptrain cannot hash, or a ledger written before fingerprints were recorded), "
+                "so their replay may differ")
+    if any(fingerprint != current for fingerprint in recorded):
+        return ("the training data differ from the data they were computed on "
+                "(dataset.fingerprints), so their replay releases a different model")
+    return None
+
+
 def replay_is_exact(device_types: Iterable[str], reproducible_mechanism: bool,
-                    from_checkpoint: bool, same_start: bool) -> bool:
+                    from_checkpoint: bool, same_start: bool, same_data: bool) -> bool:
     """Whether a resumed run recomputes exactly the steps an earlier process took at the same
     indices: a reproducible mechanism (noise and sampling from seeded generators, restored from
     the checkpoint; never with generators seeded from OS entropy or in secure mode,
     `PrivacyEngine.mechanism_replays`), the same starting state (a checkpoint, or a restart from
-    step 0 with the same `start_fingerprint`), and every device type that computed steps of the
-    run, the resuming one included, bit-reproducible (`bitwise_reproducible`; an unknown device
-    type, "unknown", is not)."""
+    step 0 with the same `start_fingerprint`), the same training data (`data_difference` is
+    None), and every device type that computed steps of the run, the resuming one included,
+    bit-reproducible (`bitwise_reproducible`; an unknown device type, "unknown", is not)."""
     return (all(bitwise_reproducible(kind) for kind in device_types) and reproducible_mechanism
-            and (from_checkpoint or same_start))
+            and (from_checkpoint or same_start) and same_data)
 
 
 def still_charged(previous_history: History, resumed_steps: int, replays_exactly: bool) -> History:

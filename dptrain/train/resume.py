@@ -4,9 +4,10 @@
 restores every state a checkpoint holds (dptrain.train.checkpoint; generators seeded from OS
 entropy are not saved: the resumed run draws fresh noise and fresh batches). The steps an earlier process
 had committed beyond the resume point stay in the ledger: charged once, as the steps the resumed
-run retakes, when the replay is exact (a reproducible mechanism on the CPU), and charged in addition to them otherwise
-(dptrain.train.replay). A run folder holding another run's ledger (another config, or no resume
-asked) is refused, and so is resuming a run whose budget is spent; nothing is changed then.
+run retakes, when the replay is exact (a reproducible mechanism on the CPU, over the same training
+data), and charged in addition to them otherwise (dptrain.train.replay). A run folder holding
+another run's ledger (another config, or no resume asked) is refused, and so is resuming a run
+whose budget is spent; nothing is changed then.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from dptrain.train.ledger import (
     load_ledger,
     same_config,
 )
-from dptrain.train.replay import replay_is_exact, still_charged
+from dptrain.data.fingerprint import UNKNOWN
+from dptrain.train.replay import data_difference, replay_is_exact, still_charged
 from dptrain.train.settings import TrainSettings
 
 
@@ -48,6 +50,7 @@ class Resumer:
         self.fast_forward: dict[str, Any] | None = None   # a mid-epoch checkpoint's state
         self._pending: tuple[str | None, int, int] | None = None  # for `record`
         self._found_nothing = False   # train.resume=auto in a folder without a run: said in `record`
+        self._data_difference: str | None = None   # why the data bar an exact replay (the note)
 
     def resume(self) -> None:
         """Restore everything from settings.resume, or refuse to overwrite another run's ledger.
@@ -97,7 +100,10 @@ class Resumer:
         line = f"{where} at step {self.pos.step}"
         if self.spend.private:
             line += f", epsilon so far {self.ledger.epsilon:.4g} (delta {self.ledger.data['delta']:g})"
-        if charged:
+        if charged and self._data_difference:
+            line += (f"; {charged} steps an earlier process took beyond it stay charged: "
+                     f"{self._data_difference}")
+        elif charged:
             line += (f"; {charged} steps an earlier process took beyond it stay charged (their "
                      "replay is not the same computation)")
         return line + "."
@@ -193,11 +199,16 @@ class Resumer:
         data["checkpoints"] = previous["checkpoints"]   # files stay on disk: the record stays
         data["start_fingerprint"] = previous.get("start_fingerprint")
         data["devices"] = sorted(set(previous.get("devices", ["unknown"])) | set(data["devices"]))
+        recorded = self._recorded_data(previous, state)
+        data["dataset"]["fingerprints"] = list(dict.fromkeys(
+            [*recorded, self.checkpointer.data_fingerprint]))
         carry_randomness(previous.get("mechanism"), data["mechanism"])
         if not spend.private:
             return max(0, previous["steps_completed"] - self.pos.step), 0
+        self._data_difference = data_difference(recorded, self.checkpointer.data_fingerprint)
         exact = replay_is_exact(data["devices"], self._reproducible_mechanism(),
-                                from_checkpoint=state is not None, same_start=same_start)
+                                from_checkpoint=state is not None, same_start=same_start,
+                                same_data=self._data_difference is None)
         history = history_from_json(previous["history"])
         resumed_steps = history_steps(spend.charged) + self.pos.step
         lost = still_charged(history, resumed_steps, exact)
@@ -205,6 +216,15 @@ class Resumer:
         spend.replayed = steps_after(history, resumed_steps) if exact else []
         spend.resumed_at = self.pos.step
         return history_steps(spend.replayed), history_steps(lost)
+
+    @staticmethod
+    def _recorded_data(previous: dict[str, Any], state: dict[str, Any] | None) -> list[str]:
+        """The fingerprints of the training data the run's steps were computed on: the previous
+        ledger's (UNKNOWN for one written before they were recorded) and the checkpoint's."""
+        recorded = list(previous["dataset"].get("fingerprints", [UNKNOWN]))
+        if state is not None and "data_fingerprint" in state:
+            recorded.append(str(state["data_fingerprint"]))
+        return list(dict.fromkeys(recorded))
 
 
 def resume_on_every_rank(resumer: Resumer) -> None:

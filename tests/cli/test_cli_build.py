@@ -5,6 +5,7 @@ import torch
 from dptrain_runner import read_json
 from hydra import compose, initialize_config_module
 
+from dptrain.data.fingerprint import data_fingerprint
 from dptrain.cli.build import build_job, build_settings, default_delta, privacy_mode
 from dptrain.errors import ConfigError
 
@@ -175,7 +176,8 @@ def test_a_validation_split_is_held_out_of_the_n_the_accountant_and_the_ledger_c
     train(job, settings)
     ledger = read_json(tmp_path / "privacy_ledger.json")
     assert ledger["dataset"] == {"name": "digits", "size": n, "validation_size": 1442 - n,
-                                 "private_preprocessing": [], "synthetic": False}
+                                 "private_preprocessing": [], "synthetic": False,
+                                 "fingerprints": [data_fingerprint(job.train_loader.dataset)]}
     assert ledger["mechanism"]["sample_rate"] == 64 / n
     assert ledger["history"] == [{"noise_multiplier": 1.0, "sample_rate": 64 / n, "steps": 2}]
 

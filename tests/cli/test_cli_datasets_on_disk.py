@@ -41,8 +41,10 @@ def test_each_paper_recipe_trains_on_files_in_the_real_format(
          "train.max_physical_batch_size=1", "train.max_steps=2", *extra, *QUIET], tmp_path)
     assert result.returncode == 0, result.stderr
     ledger = read_json(tmp_path / "run" / "privacy_ledger.json")
+    fingerprints = ledger["dataset"].pop("fingerprints")
     assert ledger["dataset"] == {"name": recipe.split("_")[0], "size": size, "validation_size": 0,
                                  "private_preprocessing": [], "synthetic": False}
+    assert len(fingerprints) == 1 and len(fingerprints[0]) == 64   # SHA-256 of the records
     assert read_json(tmp_path / "run" / "result.json")["steps"] == 2
 
 

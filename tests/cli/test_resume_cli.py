@@ -9,7 +9,8 @@ import torch
 from dptrain_runner import QUIET, run_in_process
 
 from dptrain.train.checkpoint import load_checkpoint
-from dptrain.train.ledger import load_ledger
+from dptrain.train.ledger import epsilon_of, history_from_json, load_ledger
+from tests.data.datasets.on_disk import write_mnist
 
 RUN = ["train.epochs=2", "hardware=cpu", *QUIET,   # digits: 12 logical steps per epoch
        "privacy.reproducible_mechanism=true"]   # an exact replay: same noise and batches
@@ -107,3 +108,29 @@ def test_resume_auto_with_no_earlier_run_of_the_config_is_refused_saying_so(
     code, _, err = run_in_process([*RUN, "train.resume=auto"], tmp_path, monkeypatch, capsys)
     assert code == 2
     assert "No earlier run with this config was found under outputs" in err
+
+
+def test_resuming_over_a_changed_training_record_charges_the_replayed_steps_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    images = tmp_path / "data" / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    write_mnist(images.parent, n_train=32, n_test=4)         # 32 examples, q = 8 / 32: 4 steps
+    run = ["+recipe=mnist_cnn", "dataset.root=data", "train.batch_size=8", "train.epochs=3",
+           "hardware=cpu", "hydra.run.dir=run", "train.keep_checkpoints=null", *QUIET,
+           "privacy.reproducible_mechanism=true"]     # the same noise and coins on a replay
+    code, _, err = run_in_process(run, tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    once = load_ledger(tmp_path / "run")
+    data = bytearray(images.read_bytes())
+    data[16 + 5 * 28 * 28 + 300] ^= 0xFF                    # one pixel of training example 5
+    images.write_bytes(bytes(data))
+    code, out, err = run_in_process([*run, "train.resume=run/checkpoints/epoch_1.pt"], tmp_path,
+                                    monkeypatch, capsys)
+    assert code == 0, err
+    ledger = load_ledger(tmp_path / "run")
+    every_step = [(1.1, 8 / 32, 3 * 4 + 2 * 4)]             # epochs 2 and 3 released twice
+    assert history_from_json(ledger["history"]) == every_step
+    assert ledger["epsilon"] == epsilon_of(every_step, ledger["delta"], "prv") > once["epsilon"]
+    assert ledger["resumes"][-1]["charged_steps"] == 8
+    assert len(set(ledger["dataset"]["fingerprints"])) == 2
+    assert ("8 steps an earlier process took beyond it stay charged: the training data differ "
+            "from the data they were computed on") in out

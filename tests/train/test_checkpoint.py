@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_trainer_support import make_job, make_settings, tiny_config
+from test_trainer_support import make_job, make_settings, tiny_config, tiny_data
 
+from dptrain.data.fingerprint import data_fingerprint
 from dptrain.train import checkpoint as ckpt
 from dptrain.train.ledger import config_hash
 from dptrain.train.loop import train
@@ -107,3 +108,9 @@ def test_resume_with_a_different_config_is_refused(tmp_path: Path) -> None:
     other = make_job(private=False, config=tiny_config(**{"optimizer.lr": 0.5}))
     with pytest.raises(ConfigError, match=r"optimizer\.lr"):
         train(other, make_settings(tmp_path, epochs=2, resume="auto"))
+
+
+def test_a_checkpoint_records_the_fingerprint_of_the_training_data(tmp_path: Path) -> None:
+    train(make_job(), make_settings(tmp_path, epochs=1))
+    state = ckpt.load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    assert state["data_fingerprint"] == data_fingerprint(tiny_data()[0])

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from test_trainer_support import make_job, make_settings, tiny_config
+from test_trainer_support import make_job, make_settings, tiny_config, tiny_data
 
+from dptrain.data.fingerprint import data_fingerprint
 from dptrain.train.ledger import (
     EARLIER_REPRODUCIBLE_NOTE,
     LEDGER_SCHEMA,
@@ -112,7 +113,8 @@ def test_a_ledger_keeping_the_best_checkpoint_says_the_choice_is_not_covered_by_
     assert selection["covered_by_epsilon"] is False and selection["validation_size"] == 16
     assert "not this choice" in selection["note"]
     assert data["dataset"] == {"name": "tiny", "size": 48, "validation_size": 16,
-                               "private_preprocessing": [], "synthetic": False}
+                               "private_preprocessing": [], "synthetic": False,
+                               "fingerprints": [data_fingerprint(tiny_data()[0])]}
 
 
 def test_a_ledger_without_best_checkpoint_selection_has_none(tmp_path: Path) -> None:

@@ -14,13 +14,15 @@ import json
 from pathlib import Path
 
 import pytest
-from test_trainer_support import (N_TRAIN, Killed, crash, crash_at_call, make_job, make_settings,
-                                  tiny_config)
+from test_trainer_support import (N_TRAIN, Killed, changed_record, crash, crash_at_call, make_job,
+                                  make_settings, tiny_config, tiny_data)
 
 from dptrain.train.checkpoint import load_checkpoint
 from dptrain.train.ledger import epsilon_of, history_from_json, history_steps, load_ledger
 from dptrain.train import replay
-from dptrain.train.replay import replay_is_exact, steps_after, still_charged, with_replayed
+from dptrain.data.fingerprint import UNKNOWN, data_fingerprint
+from dptrain.train.replay import (data_difference, replay_is_exact, steps_after, still_charged,
+                                  with_replayed)
 from dptrain.train.loop import train
 from dptrain.errors import ConfigError
 
@@ -46,8 +48,9 @@ def test_an_exact_replay_charges_nothing_else_the_whole_tail() -> None:
 
 
 def test_a_replay_is_exact_only_with_a_reproducible_mechanism() -> None:
-    assert replay_is_exact(["cpu"], True, from_checkpoint=True, same_start=True)
-    assert not replay_is_exact(["cpu"], False, from_checkpoint=True, same_start=True)
+    assert replay_is_exact(["cpu"], True, from_checkpoint=True, same_start=True, same_data=True)
+    assert not replay_is_exact(["cpu"], False, from_checkpoint=True, same_start=True,
+                               same_data=True)
 
 
 def test_a_restart_before_any_checkpoint_from_the_same_start_equals_an_uninterrupted_run(
@@ -169,9 +172,10 @@ def test_an_exact_rewind_of_a_run_stopped_at_its_budget_retakes_its_steps_and_st
 
 
 def test_only_steps_computed_and_replayed_on_the_cpu_are_trusted_to_replay_bit_for_bit() -> None:
-    assert replay_is_exact(["cpu"], True, from_checkpoint=True, same_start=False)
+    assert replay_is_exact(["cpu"], True, from_checkpoint=True, same_start=False, same_data=True)
     for devices in (["cuda"], ["cpu", "cuda"], ["mps"], ["cpu", "unknown"]):
-        assert not replay_is_exact(devices, True, from_checkpoint=True, same_start=True), devices
+        assert not replay_is_exact(devices, True, from_checkpoint=True, same_start=True,
+                                   same_data=True), devices
 
 
 def test_a_resume_off_the_cpu_keeps_every_computed_step_charged(
@@ -196,3 +200,76 @@ def test_a_cpu_resume_of_steps_a_gpu_computed_keeps_them_charged(tmp_path: Path)
     ledger = load_ledger(tmp_path)
     assert history_from_json(ledger["history"]) == [(1.0, Q, 5 * STEPS_PER_EPOCH)]
     assert ledger["devices"] == ["cpu", "cuda"]
+
+
+def test_a_replay_is_exact_only_over_the_same_training_data() -> None:
+    assert not replay_is_exact(["cpu"], True, from_checkpoint=True, same_start=True,
+                               same_data=False)
+
+
+def test_the_data_are_the_same_only_when_every_recorded_fingerprint_is_the_known_current_one(
+        ) -> None:
+    a, b = "a" * 64, "b" * 64
+    assert data_difference([a], a) is None and data_difference([a, a], a) is None
+    assert "differ" in data_difference([a], b) and "differ" in data_difference([b, a], a)
+    assert "unknown" in data_difference([UNKNOWN], a)
+    assert "unknown" in data_difference([a], UNKNOWN)
+    assert data_difference([UNKNOWN], UNKNOWN) is not None
+
+
+def test_a_resume_over_a_changed_record_charges_the_replayed_steps_again(tmp_path: Path) -> None:
+    first = train(make_job(), make_settings(tmp_path, epochs=3))
+    again = train(make_job(train_set=changed_record()), make_settings(
+        tmp_path, epochs=3, resume=str(tmp_path / "checkpoints" / "epoch_1.pt")))
+    ledger = load_ledger(tmp_path)
+    every_step = [(1.0, Q, 5 * STEPS_PER_EPOCH)]   # 3 epochs, then epochs 2 and 3 again
+    assert history_from_json(ledger["history"]) == every_step
+    assert again.epsilon == ledger["epsilon"] == epsilon_of(every_step, 1e-5, "rdp")
+    assert again.epsilon > first.epsilon
+    assert ledger["resumes"][-1]["charged_steps"] == 2 * STEPS_PER_EPOCH
+    assert ledger["dataset"]["fingerprints"] == [data_fingerprint(tiny_data()[0]),
+                                                 data_fingerprint(changed_record())]
+
+
+def test_a_restart_from_step_0_over_a_changed_record_keeps_the_crashed_steps_charged(
+        tmp_path: Path) -> None:
+    crashed = crash(tmp_path, at_call=3)                    # in epoch 1: no checkpoint yet
+    committed = history_steps(history_from_json(crashed["history"]))
+    train(make_job(train_set=changed_record()), make_settings(tmp_path, epochs=3, resume="auto"))
+    ledger = load_ledger(tmp_path)
+    assert history_from_json(ledger["history"]) == [(1.0, Q, committed + 3 * STEPS_PER_EPOCH)]
+    assert ledger["resumes"][-1]["charged_steps"] == committed
+
+
+def test_once_the_data_changed_every_later_replay_of_the_run_is_charged_again(
+        tmp_path: Path) -> None:
+    train(make_job(), make_settings(tmp_path, epochs=3))
+    older = str(tmp_path / "checkpoints" / "epoch_1.pt")
+    train(make_job(train_set=changed_record()), make_settings(tmp_path, epochs=3, resume=older))
+    train(make_job(), make_settings(tmp_path, epochs=3, resume=older))   # the original data
+    ledger = load_ledger(tmp_path)
+    assert history_from_json(ledger["history"]) == [(1.0, Q, 7 * STEPS_PER_EPOCH)]
+
+
+def test_a_ledger_written_before_data_fingerprints_replays_as_a_new_computation(
+        tmp_path: Path) -> None:
+    train(make_job(), make_settings(tmp_path, epochs=3))
+    ledger_file = tmp_path / "privacy_ledger.json"
+    ledger = json.loads(ledger_file.read_text())
+    del ledger["dataset"]["fingerprints"]                  # as an older dptrain wrote it
+    ledger_file.write_text(json.dumps(ledger))
+    train(make_job(), make_settings(tmp_path, epochs=3,
+                                    resume=str(tmp_path / "checkpoints" / "epoch_1.pt")))
+    ledger = load_ledger(tmp_path)
+    assert history_from_json(ledger["history"]) == [(1.0, Q, 5 * STEPS_PER_EPOCH)]
+    assert ledger["dataset"]["fingerprints"] == [UNKNOWN, data_fingerprint(tiny_data()[0])]
+
+
+def test_a_resume_from_a_checkpoint_of_other_data_is_charged_as_a_new_computation(
+        tmp_path: Path) -> None:
+    train(make_job(), make_settings(tmp_path / "other", epochs=3))   # same config, other data
+    train(make_job(train_set=changed_record()), make_settings(tmp_path / "run", epochs=3))
+    train(make_job(train_set=changed_record()), make_settings(
+        tmp_path / "run", epochs=3, resume=str(tmp_path / "other" / "checkpoints" / "epoch_1.pt")))
+    ledger = load_ledger(tmp_path / "run")
+    assert history_from_json(ledger["history"]) == [(1.0, Q, 5 * STEPS_PER_EPOCH)]

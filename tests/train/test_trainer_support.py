@@ -30,6 +30,14 @@ def tiny_data(seed: int = 0) -> tuple[TensorDataset, TensorDataset, TensorDatase
             TensorDataset(x_val, (x_val @ w).argmax(dim=1)))
 
 
+def changed_record(index: int = 7) -> TensorDataset:
+    """The training set of `tiny_data()` with one feature of example `index` changed (same N)."""
+    x, y = tiny_data()[0].tensors
+    x = x.clone()
+    x[index, 0] += 1.0
+    return TensorDataset(x, y)
+
+
 def tiny_model(dropout: float = 0.0) -> nn.Module:
     return nn.Sequential(nn.Linear(FEATURES, 8), nn.Tanh(), nn.Dropout(dropout),
                          nn.Linear(8, CLASSES)).double()
@@ -55,14 +63,17 @@ def make_job(private: bool = True, seed: int = 0, noise_multiplier: float = 1.0,
              batch_size: int = 12, dropout: float = 0.0, config: dict | None = None,
              loss_fn: Any = None, noise_schedule: dict | None = None,
              engine_kwargs: dict | None = None, secure: bool = False,
-             validation: bool = False, reproducible_mechanism: bool = True) -> TrainingJob:
+             validation: bool = False, reproducible_mechanism: bool = True,
+             train_set: TensorDataset | None = None) -> TrainingJob:
     """A ready job; private ones go through dptrain.PrivacyEngine with seeded sampling and noise
     generators (`reproducible_mechanism`, so that two jobs compare bit for bit) unless
     `reproducible_mechanism=False` (the engine's default: both seeded from OS entropy) or
     `secure`.
-    `validation` adds a validation loader (N_VALIDATION examples outside the training set)."""
+    `validation` adds a validation loader (N_VALIDATION examples outside the training set);
+    `train_set` replaces the N_TRAIN training examples (e.g. `changed_record()`)."""
     torch.manual_seed(seed)
-    train_set, test_set, validation_set = tiny_data()
+    tiny_train, test_set, validation_set = tiny_data()
+    train_set = tiny_train if train_set is None else train_set
     model = tiny_model(dropout)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
     loader = DataLoader(train_set, batch_size=batch_size, shuffle=True,
