@@ -65,7 +65,7 @@ def test_report_on_a_run_draws_metrics_jsonl_into_a_png_and_prints_a_summary(
     assert code == 0, err
     records = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     (series, path), = [call[:2] for call in drawn]
-    for key in ("train_loss", "test_accuracy", "epsilon"):
+    for key in ("test_accuracy", "epsilon"):
         assert series[key].steps == [r["step"] for r in records if key in r]
         assert series[key].values == [r[key] for r in records if key in r]
     assert Path(path) == Path("run") / "report.png" and _png_ok(tmp_path / "run/report.png")
