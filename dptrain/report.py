@@ -4,9 +4,10 @@ A run: `run_series(records)` turns the records of its `metrics.jsonl` into one s
 `plot_run` draws loss, accuracy and epsilon spent against the logical step into a PNG and
 `run_summary` says the outcome in a few lines. Only what epsilon covers is drawn and said unless
 `private` is asked for: then the records of `private_metrics.jsonl` (training loss and accuracy,
-validation metrics) are read too, and each private curve and the figure say they are private. A sweep: `sweep_points(summary)` takes the rows of
-its `sweep_summary.json` (one per job) to (epsilon, test accuracy) points labelled by the swept
-values; `plot_sweep` draws the privacy-utility plot, non-private jobs as horizontal baselines.
+validation metrics) are read too, and each private curve and the figure say they are private.
+A sweep: `sweep_points(summary)` takes the rows of its `sweep_summary.json` (one per job) to
+(epsilon, test accuracy) points labelled by the swept values; `plot_sweep` draws the
+privacy-utility plot, non-private jobs as horizontal baselines.
 `dptrain report PATH` (dptrain.cli.report) finds these files and calls these functions.
 """
 

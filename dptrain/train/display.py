@@ -203,8 +203,8 @@ class Display:
         if dataset.get("synthetic"):
             table.add_row("dataset", f"{dataset['name']}: {SYNTHETIC_NOTE}")
         if result.val_accuracy is not None:
-            table.add_row("validation loss / accuracy",
-                          f"{_fmt(result.val_loss)} / {_fmt(result.val_accuracy)} ({PRIVATE_LABEL})")
+            table.add_row("validation loss / accuracy", f"{_fmt(result.val_loss)} / "
+                          f"{_fmt(result.val_accuracy)} ({PRIVATE_LABEL})")
         table.add_row("test loss / accuracy", f"{_fmt(result.test_loss)} / {_fmt(result.test_accuracy)}")
         if result.test_perplexity is not None or result.val_perplexity is not None:
             validation = "" if result.val_perplexity is None else f" ({PRIVATE_LABEL})"

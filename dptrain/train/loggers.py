@@ -3,12 +3,14 @@
 Every logger has the same small interface (`MetricLogger`): `log(step, metrics)` with the logical
 step and a flat dict of values, then `close()`. The training loop logs one record per epoch
 (train loss and accuracy, the test / validation loss and accuracy when it evaluated, epsilon spent
-so far, sigma, the sample rate, the clipping bound, the learning rate) and one at the end; a
-logger with `every_n_steps > 0` also gets `{"step_loss": ...}` every that many steps.
+so far, sigma, the sample rate, the clipping bound, the learning rate, the time) and one at the
+end; a logger with `every_n_steps > 0` also gets `{"step_loss": ...}` every that many steps.
+`MetricLoggers` splits each record into its public and private parts (Privacy, below).
 
-    jsonl        metrics.jsonl in the run folder, one JSON object per record (the default)
+    jsonl        metrics.jsonl in the run folder, one JSON object per record (the default);
+                 the private part in private_metrics.jsonl
     tensorboard  TensorBoard event files in the run folder (`tensorboard --logdir outputs/`)
-    csv          metrics.csv in the run folder, one row per record
+    csv          metrics.csv in the run folder, one row per record; private_metrics.csv
     wandb        Weights & Biases, offline by default (files under the run folder's wandb/)
     mlflow       MLflow, tracking into the run folder's mlruns/ by default (file:// URI)
 

@@ -79,7 +79,7 @@ def test_a_sweep_job_with_bad_input_is_summarized_as_failed_and_the_exit_status_
     assert code == 2 and "1 sweep job(s) failed" in err
 
 
-def test_a_run_with_a_validation_split_reports_validation_accuracy_privately_in_result_and_closing_line(
+def test_a_validation_split_reports_its_accuracy_privately_in_result_and_closing_line(
     tmp_path, monkeypatch, capsys
 ):
     code, out, err = run_in_process(

@@ -23,7 +23,7 @@ def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "dptrain.train"]
 
 
-def test_without_bars_each_epoch_logs_one_line_with_private_loss_and_accuracy_labelled_epsilon_time(
+def test_without_bars_each_epoch_line_labels_the_loss_and_accuracy_private(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="dptrain.train"):
         train(make_job(), make_settings(tmp_path, epochs=3, progress=False))
@@ -55,7 +55,8 @@ def test_a_script_without_logging_configured_still_sees_the_epoch_lines(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(logging.getLogger(), "handlers", [])
     train(make_job(), make_settings(tmp_path, epochs=1, progress=False))
-    assert re.search(r"^epoch 1/1: private \(not covered by epsilon\): loss ", capsys.readouterr().out, flags=re.M)
+    assert re.search(r"^epoch 1/1: private \(not covered by epsilon\): loss ",
+                     capsys.readouterr().out, flags=re.M)
 
 
 def _ledger(tmp_path: Path, claims: dict[str, float], target: float | None) -> PrivacyLedger:
