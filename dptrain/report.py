@@ -2,9 +2,12 @@
 
 A run: `run_series(records)` turns the records of its `metrics.jsonl` into one series per metric;
 `plot_run` draws loss, accuracy and epsilon spent against the logical step into a PNG and
-`run_summary` says the outcome in a few lines. A sweep: `sweep_points(summary)` takes the rows of
-its `sweep_summary.json` (one per job) to (epsilon, test accuracy) points labelled by the swept
-values; `plot_sweep` draws the privacy-utility plot, non-private jobs as horizontal baselines.
+`run_summary` says the outcome in a few lines. Only what epsilon covers is drawn and said unless
+`private` is asked for: then the records of `private_metrics.jsonl` (training loss and accuracy,
+validation metrics) are read too, and each private curve and the figure say they are private.
+A sweep: `sweep_points(summary)` takes the rows of its `sweep_summary.json` (one per job) to
+(epsilon, test accuracy) points labelled by the swept values; `plot_sweep` draws the
+privacy-utility plot, non-private jobs as horizontal baselines.
 `dptrain report PATH` (dptrain.cli.report) finds these files and calls these functions.
 """
 
@@ -19,10 +22,17 @@ from typing import Any
 
 from dptrain.errors import ConfigError
 from dptrain.io import JsonLines, atomic_write_bytes
-from dptrain.train.loggers import METRICS_FILENAME, scalars
+from dptrain.train.loggers import (
+    METRICS_FILENAME,
+    PRIVATE_METRICS_FILENAME,
+    is_public,
+    scalars,
+)
 
 RUN_REPORT_FILENAME = "report.png"
 SWEEP_REPORT_FILENAME = "privacy_utility.png"
+PRIVATE_FIGURE_NOTE = ("PRIVATE metrics drawn (marked private): not covered by epsilon, do not "
+                       "publish this figure")
 # The run plot's panels: title and the record keys drawn in it.
 PANELS = (
     ("loss", ("train_loss", "step_loss", "val_loss", "test_loss")),
@@ -39,13 +49,17 @@ class Series:
     values: list[float] = field(default_factory=list)
 
 
-def read_metrics(run_dir: Path | str) -> list[dict[str, Any]]:
-    """The records of `run_dir/metrics.jsonl` (a torn last line skipped; [] without the file)."""
-    return JsonLines(Path(run_dir) / METRICS_FILENAME).records()
+def read_metrics(run_dir: Path | str, private: bool = False) -> list[dict[str, Any]]:
+    """The records of `run_dir/metrics.jsonl`, then with `private` those of
+    `private_metrics.jsonl` (a torn last line skipped; [] without the files)."""
+    names = (METRICS_FILENAME, PRIVATE_METRICS_FILENAME) if private else (METRICS_FILENAME,)
+    return [record for name in names for record in JsonLines(Path(run_dir) / name).records()]
 
 
-def run_series(records: Iterable[Mapping[str, Any]]) -> dict[str, Series]:
-    """{metric: Series} of every numeric field of the records but step, epoch, time and final.
+def run_series(records: Iterable[Mapping[str, Any]], private: bool = False) -> dict[str, Series]:
+    """{metric: Series} of every numeric field of the records but step, epoch, time and final;
+    only the metrics a run may publish (`is_public`) unless `private` (a run written before the
+    metrics were split holds its training loss in metrics.jsonl: left out too).
 
     Records without a `step` are skipped; a metric logged twice at one step keeps its last
     value (the final record repeats epsilon; a resumed run re-logs its resume step).
@@ -56,7 +70,7 @@ def run_series(records: Iterable[Mapping[str, Any]]) -> dict[str, Series]:
         if not isinstance(step, int):
             continue
         for key, value in scalars(record).items():
-            if key not in ("step", "epoch"):
+            if key not in ("step", "epoch") and (private or is_public(key)):
                 by_key.setdefault(key, {})[step] = value
     return {key: Series(sorted(points), [points[s] for s in sorted(points)])
             for key, points in by_key.items()}
@@ -82,16 +96,24 @@ def _save(figure: Any, path: Path) -> Path:
     return path
 
 
+def curve_label(key: str) -> str:
+    """A curve's legend: the metric's name, "(private)" after a metric epsilon does not cover."""
+    return key if is_public(key) else f"{key} (private)"
+
+
 def plot_run(series: Mapping[str, Series], path: Path | str, title: str = "",
              target_epsilon: float | None = None) -> Path:
     """The run's curves (PANELS: loss, accuracy, epsilon spent, against the logical step) as a
-    PNG at `path`; a panel with no data says so. Returns `path`."""
+    PNG at `path`; a panel with no data says so; private curves are marked (`curve_label`) and
+    the title then says the figure is not to be published. Returns `path`."""
     figure, axes = _figure(1, len(PANELS), (4.2 * len(PANELS), 3.4))
+    private = False
     for ax, (name, keys) in zip(axes, PANELS):
         drawn = [key for key in keys if series.get(key) and series[key].steps]
+        private |= not all(is_public(key) for key in drawn)
         for key in drawn:
             thin = key == "step_loss"
-            ax.plot(series[key].steps, series[key].values, label=key,
+            ax.plot(series[key].steps, series[key].values, label=curve_label(key),
                     marker="" if thin else "o", markersize=3, linewidth=0.8 if thin else 1.5,
                     alpha=0.6 if thin else 1.0)
         if name == "epsilon spent" and target_epsilon is not None and drawn:
@@ -103,8 +125,9 @@ def plot_run(series: Mapping[str, Series], path: Path | str, title: str = "",
         ax.grid(alpha=0.3)
         if drawn:
             ax.legend(fontsize="small")
+    title = "\n".join(part for part in (title, PRIVATE_FIGURE_NOTE if private else "") if part)
     if title:
-        figure.suptitle(title, fontsize="medium")
+        figure.suptitle(title, fontsize="medium", color="darkred" if private else "black")
     return _save(figure, Path(path))
 
 
@@ -120,11 +143,13 @@ def _percent(value: Any) -> str:
     return "-" if number is None else f"{100 * number:.2f}%"
 
 
-def run_summary(series: Mapping[str, Series], result: Mapping[str, Any] | None = None) -> str:
-    """A few lines on a run: outcome, accuracy, epsilon and the mechanism's last sigma / q / C.
+def run_summary(series: Mapping[str, Series], result: Mapping[str, Any] | None = None,
+                private: bool = False) -> str:
+    """A few lines on a run: outcome, accuracy, epsilon and the mechanism's last sigma / q / C;
+    with `private` also the validation accuracy, labelled private.
 
-    `result` is the run's result.json record (None while it runs or after a crash: the values
-    then come from the last logged ones)."""
+    `result` is the run's outcome (dptrain.cli.results.read_result; None while it runs or after
+    a crash: the values then come from the last logged ones)."""
     result = result or {}
 
     def last(key: str) -> float | None:
@@ -136,8 +161,10 @@ def run_summary(series: Mapping[str, Series], result: Mapping[str, Any] | None =
              f"{steps} steps"]
     accuracy = result.get("test_accuracy", last("test_accuracy"))
     lines.append(f"test accuracy: {_percent(accuracy)}")
-    if result.get("val_accuracy", last("val_accuracy")) is not None:
-        lines.append(f"validation accuracy: {_percent(result.get('val_accuracy', last('val_accuracy')))}")
+    validation = result.get("val_accuracy", last("val_accuracy"))
+    if private and validation is not None:
+        lines.append(f"validation accuracy (private, not covered by epsilon): "
+                     f"{_percent(validation)}")
     epsilon = result.get("epsilon", last("epsilon"))
     if epsilon is None:
         lines.append("epsilon: none (not a private run)")

@@ -11,6 +11,7 @@ from matplotlib.image import imread
 from dptrain.errors import ConfigError
 from dptrain.report import (
     SweepPoint,
+    curve_label,
     plot_run,
     plot_sweep,
     run_series,
@@ -42,7 +43,7 @@ def _assert_png(path: Path) -> None:
 
 
 def test_run_series_has_one_series_per_logged_metric_by_step():
-    series = run_series(RECORDS)
+    series = run_series(RECORDS, private=True)
     assert set(series) == {"train_loss", "train_accuracy", "epsilon", "test_loss",
                            "test_accuracy", "step_loss", "noise_multiplier"}
     assert (series["train_loss"].steps, series["train_loss"].values) == ([12, 24], [2.0, 1.5])
@@ -52,8 +53,28 @@ def test_run_series_has_one_series_per_logged_metric_by_step():
 
 
 def test_run_series_keeps_the_last_value_logged_at_a_step():
-    series = run_series([{"step": 5, "train_loss": 1.0}, {"step": 5, "train_loss": 0.5}])
-    assert series["train_loss"].values == [0.5]
+    series = run_series([{"step": 5, "epsilon": 1.0}, {"step": 5, "epsilon": 0.5}])
+    assert series["epsilon"].values == [0.5]
+
+
+def test_run_series_leaves_out_the_private_metrics_unless_asked_even_from_an_older_metrics_file():
+    series = run_series(RECORDS + [{"step": 24, "val_accuracy": 0.6, "private": True}])
+    assert set(series) == {"epsilon", "test_loss", "test_accuracy", "noise_multiplier"}
+    assert {"train_loss", "val_accuracy"} <= set(run_series(RECORDS + [
+        {"step": 24, "val_accuracy": 0.6, "private": True}], private=True))
+
+
+def test_a_private_curve_is_labelled_private_and_a_public_one_is_not():
+    assert curve_label("val_accuracy") == "val_accuracy (private)"
+    assert curve_label("train_loss") == "train_loss (private)"
+    assert curve_label("test_accuracy") == "test_accuracy"
+
+
+def test_run_summary_says_the_validation_accuracy_only_when_asked_and_labels_it_private():
+    result = {"status": "completed", "steps": 24, "test_accuracy": 0.8, "val_accuracy": 0.7}
+    assert "validation" not in run_summary(run_series(RECORDS), result)
+    assert ("validation accuracy (private, not covered by epsilon): 70.00%"
+            in run_summary(run_series(RECORDS), result, private=True))
 
 
 def test_run_series_skips_non_numbers_and_records_without_a_step():

@@ -83,11 +83,12 @@ def _format_epsilon(result: RunResult) -> str:
 
 
 def _print_outcome(result: RunResult) -> None:
-    """One closing line: status, steps, test accuracy (perplexity for a language model),
-    epsilon and the run folder."""
+    """One closing line: status, steps, test accuracy (perplexity for a language model; the
+    validation accuracy labelled private), epsilon and the run folder."""
     accuracy = "n/a" if result.test_accuracy is None else f"{100 * result.test_accuracy:.2f}%"
     if result.val_accuracy is not None:
-        accuracy = f"{accuracy} (validation {100 * result.val_accuracy:.2f}%)"
+        accuracy = (f"{accuracy} (validation {100 * result.val_accuracy:.2f}%: private, not "
+                    "covered by epsilon)")
     score = f"test accuracy {accuracy}"
     if result.test_accuracy is None and result.test_perplexity is not None:
         score = f"test perplexity {result.test_perplexity:.4g}"

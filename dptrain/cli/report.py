@@ -3,9 +3,12 @@
     dptrain report outputs/2026-11-22/10-00-00     # a run: report.png (curves, epsilon) + summary
     dptrain report multirun/2026-11-22/10-00-00    # a sweep: privacy_utility.png + the table
     dptrain report PATH --output figure.png        # the picture somewhere else
+    dptrain report RUN --private                   # + training and validation metrics (private)
 
 A run folder is one holding `metrics.jsonl` (its `result.json` and privacy ledger add the outcome
-and the target epsilon); a sweep folder one holding `sweep_summary.json`, or Hydra's
+and the target epsilon): its report draws only what epsilon covers unless `--private` adds the
+run's private metrics (`private_metrics.jsonl`: training loss and accuracy, validation), marked
+private on the figure; a sweep folder one holding `sweep_summary.json`, or Hydra's
 `multirun.yaml` (a sweep that did not reach its end: the summary is then written first, as at the
 end of `dptrain -m`). Bad input prints one line
 `dptrain report: error: ...` and exits with status 2.
@@ -62,23 +65,24 @@ def _not_a_report_folder(path: Path) -> ConfigError:
         "hydra.sweep.dir).")
 
 
-def run_report(run_dir: Path, output: Path | None = None) -> Report:
-    """Draw `run_dir`'s metrics.jsonl into `output` (default run_dir/report.png) and sum it up."""
+def run_report(run_dir: Path, output: Path | None = None, private: bool = False) -> Report:
+    """Draw `run_dir`'s metrics.jsonl into `output` (default run_dir/report.png) and sum it up;
+    with `private` its private_metrics.jsonl too (marked private)."""
     from dptrain.train.ledger import LEDGER_FILENAME
-    from dptrain.cli.results import RESULT_FILENAME
+    from dptrain.cli.results import read_result
     from dptrain.report import RUN_REPORT_FILENAME, plot_run, read_metrics, run_series, run_summary
 
-    series = run_series(read_metrics(run_dir))
+    series = run_series(read_metrics(run_dir, private), private)
     if not series:
         raise ConfigError(
             f"The run folder {str(run_dir)!r} has no metrics to plot: its metrics.jsonl is empty "
             "(the run stopped before its first epoch ended). Report it once it has logged an "
             "epoch.")
-    result = _read_json(run_dir / RESULT_FILENAME)
     target = ((_read_json(run_dir / LEDGER_FILENAME) or {}).get("target") or {}).get("epsilon")
     image = plot_run(series, output or run_dir / RUN_REPORT_FILENAME, title=str(run_dir),
                      target_epsilon=target)
-    return Report("run", image, f"run {run_dir}\n{run_summary(series, result)}")
+    summary = run_summary(series, read_result(run_dir), private)
+    return Report("run", image, f"run {run_dir}\n{summary}")
 
 
 def sweep_report(sweep_dir: Path, output: Path | None = None) -> Report:
@@ -97,8 +101,9 @@ def sweep_report(sweep_dir: Path, output: Path | None = None) -> Report:
     return Report("sweep", image, text, summary)
 
 
-def report(path: Path | str, output: Path | str | None = None) -> Report:
-    """The report of a run folder or a sweep folder (ConfigError naming what was expected)."""
+def report(path: Path | str, output: Path | str | None = None, private: bool = False) -> Report:
+    """The report of a run folder or a sweep folder (ConfigError naming what was expected);
+    `private` adds a run's private metrics (a sweep's plot has none)."""
     from dptrain.cli.sweep import SUMMARY_FILENAME
     from dptrain.train.loggers import METRICS_FILENAME
 
@@ -110,7 +115,7 @@ def report(path: Path | str, output: Path | str | None = None) -> Report:
     if (path / SUMMARY_FILENAME).is_file() or (path / MULTIRUN_FILENAME).is_file():
         return sweep_report(path, out)
     if (path / METRICS_FILENAME).is_file():
-        return run_report(path, out)
+        return run_report(path, out, private)
     raise _not_a_report_folder(path)
 
 
@@ -135,14 +140,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", "-o", type=Path, default=None,
                         help="where to write the PNG (default: report.png in a run folder, "
                              "privacy_utility.png in a sweep folder)")
+    parser.add_argument("--private", action="store_true",
+                        help="a run folder: also draw its private metrics (training loss and "
+                             "accuracy, validation metrics, from private_metrics.jsonl), which "
+                             "epsilon does not cover; the figure says so (do not publish it)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`dptrain report PATH [--output FILE]`; returns the exit status."""
+    """`dptrain report PATH [--output FILE] [--private]`; returns the exit status."""
     args = _parser().parse_args(argv)
     try:
-        made = report(args.path, args.output)
+        made = report(args.path, args.output, args.private)
     except DPTrainError as error:
         fail(PROG, str(error))
     if made.summary is not None:

@@ -2,10 +2,11 @@
 
 Written by `dptrain` (cli/main.py) at the end of every job, read back by the sweep summary
 (cli/sweep.py). Keys: status, steps, epochs_completed, epsilon, delta, test_accuracy, test_loss,
-run_dir, val_accuracy and val_loss (the last evaluation on the validation split; null without
-`dataset.validation_size`), test_perplexity and val_perplexity (a language model's; else null),
-overrides (list of "key=value"), error (the message of a job that
-failed, else null).
+test_perplexity (a language model's; else null), run_dir, overrides (list of "key=value"), error
+(the message of a job that failed, else null): values a run may publish. The last evaluation on
+the validation split (`dataset.validation_size`) is held out of the private training file and
+computed without noise, so epsilon does not cover it: it sits apart, in the `private` object
+(`notice`, val_accuracy, val_loss, val_perplexity; null without a validation split).
 """
 
 from __future__ import annotations
@@ -20,16 +21,23 @@ from dptrain.train.ledger import LEDGER_FILENAME
 from dptrain.io import atomic_write_json
 
 RESULT_FILENAME = "result.json"
+PRIVATE = "private"   # the object of result.json holding the values epsilon does not cover
+PRIVATE_RESULT_KEYS = ("val_accuracy", "val_loss", "val_perplexity")
+PRIVATE_NOTICE = ("NOT covered by epsilon: the last evaluation on the validation examples held "
+                  "out of the private training data (dataset.validation_size), computed without "
+                  "noise. Do not publish; remove this object before sharing result.json.")
 
 
 def result_record(
     result: RunResult, overrides: list[str], error: str | None = None
 ) -> dict[str, Any]:
-    """The JSON-ready record of one job."""
+    """The JSON-ready record of one job: the private values in its `PRIVATE` object."""
     record = dataclasses.asdict(result)
+    private = {key: record.pop(key) for key in PRIVATE_RESULT_KEYS}
     record["run_dir"] = str(result.run_dir)
     record["overrides"] = list(overrides)
     record["error"] = error
+    record[PRIVATE] = {"notice": PRIVATE_NOTICE, **private}
     return record
 
 
@@ -79,8 +87,17 @@ def failure_replaces_result(run_dir: Path, ledger_before: bytes | None) -> bool:
 
 
 def read_result(run_dir: Path) -> dict[str, Any] | None:
-    """The record in `run_dir/result.json`, or None when the job left none (or it is unreadable)."""
+    """The outcome of the job in `run_dir`: its result.json record with the values of its
+    `private` object (the validation metrics) at the top level, as the sweep summary and the
+    sweeper compare jobs by them (not covered by epsilon: never publish this dict as it is).
+    None when the job left no result.json (or it is unreadable)."""
     try:
-        return json.loads((Path(run_dir) / RESULT_FILENAME).read_text(encoding="utf-8"))
+        record = json.loads((Path(run_dir) / RESULT_FILENAME).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    if not isinstance(record, dict):
+        return None
+    private = record.pop(PRIVATE, None)
+    if isinstance(private, dict):
+        record.update((k, v) for k, v in private.items() if k in PRIVATE_RESULT_KEYS)
+    return record

@@ -35,6 +35,8 @@ RANDOMNESS_SUMMARY = {
     "reproducible": "noise and sampling REPRODUCIBLE from a seed: epsilon is not a guarantee if "
                     "the seed is known",
 }
+# How the console labels the statistics of the private data that epsilon does not cover.
+PRIVATE_LABEL = "private (not covered by epsilon)"
 SYNTHETIC_NOTE = "SYNTHETIC random data (dataset.synthetic=true): accuracy means nothing"
 
 
@@ -126,7 +128,7 @@ class Display:
         )
 
         columns = (TextColumn(self._label), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("loss {task.fields[loss]} acc {task.fields[acc]} "
+                   TextColumn("private loss {task.fields[loss]} acc {task.fields[acc]} "
                               "eps {task.fields[eps]}"), TimeElapsedColumn())
         with Progress(*columns, console=self.console, transient=False) as progress:
             self._progress = progress
@@ -146,25 +148,27 @@ class Display:
                                   acc=_fmt(tally.accuracy), **shown)
         elif self._lines is not None and self._lines.due():
             of = "" if self._total is None else f"/{self._total}"
-            note(f"{self._label}: step {self._done}{of}, loss {_fmt(tally.loss)}, epsilon so far "
-                 f"{_fmt(epsilon())}, {self._lines.elapsed():.0f} s")
+            note(f"{self._label}: step {self._done}{of}, private loss {_fmt(tally.loss)}, "
+                 f"epsilon so far {_fmt(epsilon())}, {self._lines.elapsed():.0f} s")
 
     def epoch_line(self, label: str, record: dict[str, Any], seconds: float) -> None:
-        """Without bars: one line for an epoch's metrics `record` (a metrics.jsonl record)."""
+        """Without bars: one line for an epoch's metrics `record` (a metrics record, before its
+        split): the private values (training loss and accuracy, validation) labelled so."""
         if self.enabled:
             return
-        parts = [f"loss {_fmt(record['train_loss'])}"] if "train_loss" in record else []
+        private = [f"loss {_fmt(record['train_loss'])}"] if "train_loss" in record else []
         if record.get("train_accuracy") is not None:
-            parts.append(f"accuracy {_percent(record['train_accuracy'])}")
-        for split in ("val", "test"):
-            name = "validation" if split == "val" else "test"
+            private.append(f"accuracy {_percent(record['train_accuracy'])}")
+        public = []
+        for split, name, parts in (("val", "validation", private), ("test", "test", public)):
             if record.get(f"{split}_accuracy") is not None:
                 parts.append(f"{name} accuracy {_percent(record[f'{split}_accuracy'])}")
             if record.get(f"{split}_perplexity") is not None:
                 parts.append(f"{name} perplexity {_fmt(record[f'{split}_perplexity'])}")
         epsilon = record.get("epsilon")
-        parts.append("no privacy" if epsilon is None else f"epsilon so far {_fmt(epsilon)}")
-        note(f"{label}: {', '.join(parts)}, {seconds:.1f} s")
+        public.append("no privacy" if epsilon is None else f"epsilon so far {_fmt(epsilon)}")
+        shown = [f"{PRIVATE_LABEL}: {', '.join(private)};"] if private else []
+        note(f"{label}: {' '.join([*shown, ', '.join(public)])}, {seconds:.1f} s")
 
     # -- evaluation ----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -205,11 +209,14 @@ class Display:
         if dataset.get("synthetic"):
             table.add_row("dataset", f"{dataset['name']}: {SYNTHETIC_NOTE}")
         if result.val_accuracy is not None:
-            table.add_row("validation loss / accuracy", f"{_fmt(result.val_loss)} / {_fmt(result.val_accuracy)}")
+            table.add_row("validation loss / accuracy", f"{_fmt(result.val_loss)} / "
+                          f"{_fmt(result.val_accuracy)} ({PRIVATE_LABEL})")
         table.add_row("test loss / accuracy", f"{_fmt(result.test_loss)} / {_fmt(result.test_accuracy)}")
         if result.test_perplexity is not None or result.val_perplexity is not None:
+            validation = "" if result.val_perplexity is None else f" ({PRIVATE_LABEL})"
             table.add_row("test / validation perplexity",
-                          f"{_fmt(result.test_perplexity)} / {_fmt(result.val_perplexity)}")
+                          f"{_fmt(result.test_perplexity)} / {_fmt(result.val_perplexity)}"
+                          f"{validation}")
         if ledger.private:
             for label, value in privacy_rows(ledger):
                 table.add_row(label, value)

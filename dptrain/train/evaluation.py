@@ -165,7 +165,8 @@ class Evaluator:
         return self.pos.last_eval is not None and self.pos.last_eval.step == self.pos.step
 
     def metrics(self) -> dict[str, float | None]:
-        """The last evaluation's metrics.jsonl fields (validation ones with a validation split)."""
+        """The last evaluation's metrics record fields (validation ones with a validation
+        split)."""
         return self.pos.last_eval.metrics(validated=self.job.validation_loader is not None)
 
     def is_new_best(self) -> bool:

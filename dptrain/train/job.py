@@ -155,8 +155,9 @@ class Evaluation:
     val_perplexity: float | None = None
 
     def metrics(self, validated: bool) -> dict[str, float | None]:
-        """The metrics.jsonl fields: test_loss, test_accuracy (+ val_loss, val_accuracy), and
-        test_perplexity (+ val_perplexity) when the loss is over tokens."""
+        """The metrics record's fields: test_loss, test_accuracy (+ val_loss, val_accuracy), and
+        test_perplexity (+ val_perplexity) when the loss is over tokens. The val_* ones are
+        private (not covered by epsilon): the loggers keep them apart (`split_private`)."""
         out = {"test_loss": self.test_loss, "test_accuracy": self.test_accuracy}
         if validated:
             out.update(val_loss=self.val_loss, val_accuracy=self.val_accuracy)

@@ -3,12 +3,14 @@
 Every logger has the same small interface (`MetricLogger`): `log(step, metrics)` with the logical
 step and a flat dict of values, then `close()`. The training loop logs one record per epoch
 (train loss and accuracy, the test / validation loss and accuracy when it evaluated, epsilon spent
-so far, sigma, the sample rate, the clipping bound, the learning rate) and one at the end; a
-logger with `every_n_steps > 0` also gets `{"step_loss": ...}` every that many steps.
+so far, sigma, the sample rate, the clipping bound, the learning rate, the time) and one at the
+end; a logger with `every_n_steps > 0` also gets `{"step_loss": ...}` every that many steps.
+`MetricLoggers` splits each record into its public and private parts (Privacy, below).
 
-    jsonl        metrics.jsonl in the run folder, one JSON object per record (the default)
+    jsonl        metrics.jsonl in the run folder, one JSON object per record (the default);
+                 the private part in private_metrics.jsonl
     tensorboard  TensorBoard event files in the run folder (`tensorboard --logdir outputs/`)
-    csv          metrics.csv in the run folder, one row per record
+    csv          metrics.csv in the run folder, one row per record; private_metrics.csv
     wandb        Weights & Biases, offline by default (files under the run folder's wandb/)
     mlflow       MLflow, tracking into the run folder's mlruns/ by default (file:// URI)
 
@@ -16,10 +18,17 @@ The packages of the last three are optional: they are imported when the logger i
 anything is trained, and a missing one is a ConfigError naming the pip command. No logger makes a
 network call unless its config names a server (wandb `mode: online`, an http mlflow URI).
 
-Privacy: the training loss and accuracy (per epoch and per step) are computed on the private
-training examples and are NOT covered by epsilon; the fraction of clipped samples is not logged
-at all. Everything else logged is public (test split, hyperparameters) or already released by the
-mechanism (epsilon, sigma, q, and the clipping bound).
+Privacy: a record is split in two (`split_private`). Its public part holds what epsilon covers
+or what is computed on data other than the private training file: epsilon, sigma, q, the clipping
+bound, the learning rate, the test metrics, with the step, the epoch and the `final` marker
+(`PUBLIC_KEYS`); every logger gets it through `log`. Its private part holds everything else: the
+training loss and accuracy (per epoch, and per step), the validation metrics (examples held out
+of the private training file) and the wall clock; none is covered by epsilon. A logger gets it
+through `log_private` only when its `private_metrics` option is true: by default the loggers
+that keep it in a file of its own (jsonl: `private_metrics.jsonl`; csv: `private_metrics.csv`,
+each record marked `"private": true`), never by default the ones that mix it into one store that
+is shared or uploaded whole (tensorboard, wandb, mlflow: under the `private/` prefix when asked).
+The fraction of clipped samples is not logged at all.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Union
 
-from dptrain.checks import NON_NEGATIVE_INT
+from dptrain.checks import BOOLEAN, NON_NEGATIVE_INT
 from dptrain.errors import ConfigError
 from dptrain.io import JsonLines, atomic_write_bytes
 
@@ -45,10 +54,20 @@ MetricValue = Union[float, int, bool, None]
 Metrics = Mapping[str, MetricValue]
 
 METRICS_FILENAME = "metrics.jsonl"
+PRIVATE_METRICS_FILENAME = "private_metrics.jsonl"
 CSV_FILENAME = "metrics.csv"
+PRIVATE_CSV_FILENAME = "private_metrics.csv"
 MLRUNS_DIRNAME = "mlruns"
 INSTALL_ALL = "pip install 'dptrain[loggers]'"
 NOT_SCALARS = ("time", "final")   # record fields that are no curve (wall clock, end marker)
+# Where a record belongs (the logical step is passed apart): in its public and its private part.
+CONTEXT_KEYS = ("epoch", "final")
+# The record keys a run may publish: epsilon and the mechanism's parameters (sigma, q, C), the
+# learning rate (also "lr_0", "lr_1"...) and the metrics of the test split, which is not the
+# private training data. Every other key is private: not covered by epsilon (see split_private).
+PUBLIC_KEYS = frozenset({"epsilon", "noise_multiplier", "sample_rate", "max_grad_norm", "lr",
+                         "test_loss", "test_accuracy", "test_perplexity"})
+PRIVATE_PREFIX = "private/"   # the private metrics' names in TensorBoard, W&B and MLflow
 # How the flat record keys are grouped in TensorBoard, W&B and MLflow ("section/name").
 TAGS = {
     "train_loss": "train/loss", "train_accuracy": "train/accuracy", "step_loss": "train/step_loss",
@@ -59,8 +78,26 @@ TAGS = {
 }
 
 
+def is_public(key: str) -> bool:
+    """Whether a record key may be published: a context key or a value epsilon covers."""
+    return key in CONTEXT_KEYS or key in PUBLIC_KEYS or key.startswith("lr_")
+
+
+def split_private(metrics: Metrics) -> tuple[dict[str, MetricValue], dict[str, MetricValue]]:
+    """(public, private) parts of a record (`is_public` decides; an unknown key is private).
+
+    Both parts keep the context keys (epoch, final); the private part is {} when the record has
+    no private value (a record of public values only)."""
+    public = {k: v for k, v in metrics.items() if is_public(k)}
+    private = {k: v for k, v in metrics.items() if k in CONTEXT_KEYS or not is_public(k)}
+    return public, (private if any(k not in CONTEXT_KEYS for k in private) else {})
+
+
 def tag(key: str) -> str:
-    """The grouped name of a record key: "test_accuracy" -> "test/accuracy", "lr" -> "optim/lr"."""
+    """The grouped name of a record key: "test_accuracy" -> "test/accuracy", "lr" -> "optim/lr",
+    "private/train_loss" -> "private/train/loss"."""
+    if key.startswith(PRIVATE_PREFIX):
+        return PRIVATE_PREFIX + tag(key[len(PRIVATE_PREFIX):])
     if key in TAGS:
         return TAGS[key]
     return f"optim/{key}" if key == "lr" or key.startswith("lr_") else key
@@ -69,7 +106,8 @@ def tag(key: str) -> str:
 def scalars(metrics: Metrics) -> dict[str, float]:
     """The numeric values of a record as floats (None, booleans, time and final dropped)."""
     return {key: float(value) for key, value in metrics.items()
-            if key not in NOT_SCALARS and isinstance(value, numbers.Real)
+            if key.removeprefix(PRIVATE_PREFIX) not in NOT_SCALARS
+            and isinstance(value, numbers.Real)
             and not isinstance(value, bool)}
 
 
@@ -96,19 +134,38 @@ def require(module: str, logger: str, package: str | None = None) -> ModuleType:
 class MetricLogger(ABC):
     """A destination for a run's metrics.
 
-    Subclasses implement `log`; `flush`, `resume_at`, `log_config` and `close` do nothing unless
-    overridden. `every_n_steps` (0: never) asks for the per-step loss as well.
+    Subclasses implement `log`; `log_private` logs under `PRIVATE_PREFIX` through `log`, and
+    `flush`, `resume_at`, `log_config` and `close` do nothing, unless overridden. A logger gets
+    the private part of the records (`split_private`) only with `private_metrics`; it defaults to
+    the class's `PRIVATE_BY_DEFAULT`. `every_n_steps` (0: never) asks for the per-step training
+    loss as well, a private metric: it needs `private_metrics`.
     """
 
     name = "logger"
+    PRIVATE_BY_DEFAULT = False
 
-    def __init__(self, every_n_steps: int = 0) -> None:
+    def __init__(self, every_n_steps: int = 0, private_metrics: bool | None = None) -> None:
         self.every_n_steps = NON_NEGATIVE_INT.check(every_n_steps,
                                                     f"logger.{self.name}.every_n_steps")
+        self.private_metrics = self.PRIVATE_BY_DEFAULT if private_metrics is None else \
+            BOOLEAN.check(private_metrics, f"logger.{self.name}.private_metrics")
+        if self.every_n_steps and not self.private_metrics:
+            raise ConfigError(
+                f"logger.{self.name}.every_n_steps={self.every_n_steps} asks for the training "
+                "loss of every N-th step, a statistic of the private training data that is not "
+                f"covered by epsilon, but logger.{self.name}.private_metrics is false: set "
+                f"logger.{self.name}.private_metrics=true to send this logger the private "
+                "metrics (they are then not safe to publish), or every_n_steps=0.")
 
     @abstractmethod
     def log(self, step: int, metrics: Metrics) -> None:
         """Record `metrics` (flat: key -> number, None where unknown) at logical step `step`."""
+
+    def log_private(self, step: int, metrics: Metrics) -> None:
+        """Record the private part of a record (`split_private`: the context keys and the values
+        epsilon does not cover); by default through `log`, each name under `PRIVATE_PREFIX`."""
+        self.log(step, {PRIVATE_PREFIX + key: value for key, value in metrics.items()
+                        if key not in CONTEXT_KEYS})
 
     def flush(self) -> None:
         """Make what was logged so far visible to readers (called after each epoch's record)."""
@@ -123,36 +180,51 @@ class MetricLogger(ABC):
         """Flush and release files or connections (the run is over)."""
 
 
+PRIVATE_FIELD = "private"   # true in every record of a private metrics file
+
+
+def private_record(metrics: Metrics) -> dict[str, MetricValue]:
+    """The private part of a record as a private file writes it: marked `"private": true`."""
+    return {PRIVATE_FIELD: True, **metrics}
+
+
 class JsonlLogger(MetricLogger):
-    """`metrics.jsonl`: one JSON object per record, `{"epoch", "step", ...}`, each line fsynced."""
+    """`metrics.jsonl`: one JSON object per record, `{"epoch", "step", ...}`, each line fsynced;
+    the private part of the records in `private_metrics.jsonl`, each marked `"private": true`."""
 
     name = "jsonl"
+    PRIVATE_BY_DEFAULT = True
 
-    def __init__(self, run_dir: Path | str, every_n_steps: int = 0) -> None:
-        super().__init__(every_n_steps)
+    def __init__(self, run_dir: Path | str, every_n_steps: int = 0,
+                 private_metrics: bool | None = None) -> None:
+        super().__init__(every_n_steps, private_metrics)
         self.lines = JsonLines(Path(run_dir) / METRICS_FILENAME)
+        self.private_lines = JsonLines(Path(run_dir) / PRIVATE_METRICS_FILENAME)
 
-    def log(self, step: int, metrics: Metrics) -> None:
+    @staticmethod
+    def _record(step: int, metrics: Metrics) -> dict[str, Any]:
         record: dict[str, Any] = {"epoch": metrics["epoch"]} if "epoch" in metrics else {}
         record["step"] = step
         record.update((k, v) for k, v in metrics.items() if k != "epoch")
-        self.lines.append(record)
+        return record
+
+    def log(self, step: int, metrics: Metrics) -> None:
+        self.lines.append(self._record(step, metrics))
+
+    def log_private(self, step: int, metrics: Metrics) -> None:
+        self.private_lines.append(self._record(step, private_record(metrics)))
 
     def resume_at(self, step: int) -> None:
-        self.lines.keep(lambda record: record.get("step", math.inf) <= step)
+        for lines in (self.lines, self.private_lines):
+            lines.keep(lambda record: record.get("step", math.inf) <= step)
 
 
-class CsvLogger(MetricLogger):
-    """`metrics.csv`: a header of every key seen so far, one row per record (empty: no value).
+class _CsvFile:
+    """One CSV file of records: a header of every key seen so far, one row per record (empty: no
+    value). A record with a key the header lacks rewrites the file with the wider header."""
 
-    A record with a key the header lacks rewrites the file with the wider header.
-    """
-
-    name = "csv"
-
-    def __init__(self, run_dir: Path | str, every_n_steps: int = 0) -> None:
-        super().__init__(every_n_steps)
-        self.path = Path(run_dir) / CSV_FILENAME
+    def __init__(self, path: Path) -> None:
+        self.path = path
         self._header: list[str] | None = None   # the file's header, read on first use
 
     def rows(self) -> tuple[list[str], list[dict[str, str]]]:
@@ -163,7 +235,7 @@ class CsvLogger(MetricLogger):
             reader = csv.DictReader(handle)
             return list(reader.fieldnames or []), list(reader)
 
-    def log(self, step: int, metrics: Metrics) -> None:
+    def append(self, step: int, metrics: Metrics) -> None:
         row = {"step": step, **{k: ("" if v is None else v) for k, v in metrics.items()}}
         if self._header is None:
             self._header = self.rows()[0]
@@ -174,7 +246,8 @@ class CsvLogger(MetricLogger):
         header, rows = self.rows()
         self._write(header + [k for k in row if k not in header], [*rows, row])
 
-    def resume_at(self, step: int) -> None:
+    def keep_until(self, step: int) -> None:
+        """Drop the rows after logical step `step`."""
         header, rows = self.rows()
         if header:
             self._write(header, [r for r in rows if r.get("step") and int(r["step"]) <= step])
@@ -188,14 +261,43 @@ class CsvLogger(MetricLogger):
         self._header = header
 
 
+class CsvLogger(MetricLogger):
+    """`metrics.csv`: a header of every key seen so far, one row per record (empty: no value);
+    the private part of the records in `private_metrics.csv` (a `private` column, true)."""
+
+    name = "csv"
+    PRIVATE_BY_DEFAULT = True
+
+    def __init__(self, run_dir: Path | str, every_n_steps: int = 0,
+                 private_metrics: bool | None = None) -> None:
+        super().__init__(every_n_steps, private_metrics)
+        self.file = _CsvFile(Path(run_dir) / CSV_FILENAME)
+        self.private_file = _CsvFile(Path(run_dir) / PRIVATE_CSV_FILENAME)
+        self.path = self.file.path
+
+    def rows(self) -> tuple[list[str], list[dict[str, str]]]:
+        """(header, rows) of metrics.csv as written so far (([], []) before the first record)."""
+        return self.file.rows()
+
+    def log(self, step: int, metrics: Metrics) -> None:
+        self.file.append(step, metrics)
+
+    def log_private(self, step: int, metrics: Metrics) -> None:
+        self.private_file.append(step, private_record(metrics))
+
+    def resume_at(self, step: int) -> None:
+        self.file.keep_until(step)
+        self.private_file.keep_until(step)
+
+
 class TensorBoardLogger(MetricLogger):
     """TensorBoard event files (torch.utils.tensorboard) in the run folder, or in `log_dir`."""
 
     name = "tensorboard"
 
     def __init__(self, run_dir: Path | str, every_n_steps: int = 0,
-                 log_dir: str | None = None) -> None:
-        super().__init__(every_n_steps)
+                 log_dir: str | None = None, private_metrics: bool | None = None) -> None:
+        super().__init__(every_n_steps, private_metrics)
         require("tensorboard", self.name)
         self.log_dir = Path(log_dir) if log_dir else Path(run_dir)
         self._purge_step: int | None = None
@@ -238,8 +340,8 @@ class WandbLogger(MetricLogger):
 
     def __init__(self, run_dir: Path | str, every_n_steps: int = 0, project: str = "dptrain",
                  entity: str | None = None, name: str | None = None,
-                 mode: str = "offline") -> None:
-        super().__init__(every_n_steps)
+                 mode: str = "offline", private_metrics: bool | None = None) -> None:
+        super().__init__(every_n_steps, private_metrics)
         if mode not in self.MODES:
             raise ConfigError(f"logger.wandb.mode={mode!r} cannot be used: choose one of "
                               f"{', '.join(self.MODES)} (offline writes locally; online uploads).")
@@ -275,8 +377,8 @@ class MlflowLogger(MetricLogger):
 
     def __init__(self, run_dir: Path | str, every_n_steps: int = 0,
                  tracking_uri: str | None = None, experiment: str = "dptrain",
-                 run_name: str | None = None) -> None:
-        super().__init__(every_n_steps)
+                 run_name: str | None = None, private_metrics: bool | None = None) -> None:
+        super().__init__(every_n_steps, private_metrics)
         self._mlflow = require("mlflow", self.name)
         self.tracking_uri = tracking_uri or (Path(run_dir).resolve() / MLRUNS_DIRNAME).as_uri()
         self.experiment, self.run_name = experiment, run_name
@@ -351,6 +453,16 @@ def make_loggers(specs: Mapping[str, Mapping[str, Any] | None], run_dir: Path | 
     return [make_logger(name, run_dir, options) for name, options in specs.items()]
 
 
+def _send(logger: MetricLogger, step: int, metrics: Metrics) -> None:
+    """A record to `logger`: its public part (when it has a value), and its private part when
+    the logger takes private metrics."""
+    public, private = split_private(metrics)
+    if any(key not in CONTEXT_KEYS for key in public):
+        logger.log(step, public)
+    if private and logger.private_metrics:
+        logger.log_private(step, private)
+
+
 class MetricLoggers:
     """Every logger of a run behind one call; only the process that writes run files (rank 0 of
     a distributed run) logs."""
@@ -365,10 +477,11 @@ class MetricLoggers:
         return is_main_process()
 
     def log(self, step: int, metrics: Metrics) -> None:
-        """An epoch's (or the final) record, to every logger, flushed."""
+        """An epoch's (or the final) record, to every logger, flushed: its public part to each,
+        its private part (`split_private`) to those with `private_metrics`."""
         if self._writes():
             for logger in self.loggers:
-                logger.log(step, metrics)
+                _send(logger, step, metrics)
                 logger.flush()
 
     def step_due(self, step: int) -> bool:
@@ -376,11 +489,12 @@ class MetricLoggers:
         return any(lg.every_n_steps and step % lg.every_n_steps == 0 for lg in self.loggers)
 
     def log_step(self, step: int, metrics: Metrics) -> None:
-        """Per-step metrics, to the loggers whose `every_n_steps` divides `step`."""
+        """Per-step metrics, to the loggers whose `every_n_steps` divides `step` (split as
+        `log` does)."""
         if self._writes():
             for logger in self.loggers:
                 if logger.every_n_steps and step % logger.every_n_steps == 0:
-                    logger.log(step, metrics)
+                    _send(logger, step, metrics)
 
     def resume_at(self, step: int) -> None:
         if self._writes():

@@ -5,8 +5,9 @@ For each epoch the private loader is iterated (through `dptrain.BatchMemoryManag
 BEFORE its data is read and the budget guard stops before the step that would exceed the target
 epsilon (dptrain.train.budget), the model is evaluated every `eval_every` epochs and at the end
 (dptrain.train.evaluation), metrics go to the metric loggers (dptrain.train.loggers:
-`run_dir/metrics.jsonl` by default) once per epoch (and every `every_n_steps` steps to a logger
-that asks) and checkpoints are written every `checkpoint_every` epochs and at the end
+`run_dir/metrics.jsonl` by default, the values epsilon does not cover to
+`private_metrics.jsonl`) once per epoch (and every `every_n_steps` steps to a logger that asks)
+and checkpoints are written every `checkpoint_every` epochs and at the end
 (dptrain.train.checkpoint). A run folder is resumed with `settings.resume`
 (dptrain.train.resume).
 
@@ -290,7 +291,8 @@ class Trainer:
         return [BEST] if self.evaluator.is_new_best() else []
 
     def _log(self, tally: Tally, evaluated: bool) -> dict[str, Any]:
-        """The epoch's metrics record, sent to the loggers."""
+        """The epoch's metrics record, sent to the loggers (which split off its private values:
+        training loss and accuracy, validation metrics, time)."""
         record: dict[str, Any] = {"epoch": self.pos.epoch,
                                   "train_loss": tally.loss, "train_accuracy": tally.accuracy,
                                   "epsilon": self.spend.epsilon(), **self._mechanism_metrics(),
@@ -376,8 +378,8 @@ def train(job: TrainingJob, settings: TrainSettings,
           loggers: Sequence[MetricLogger] | None = None) -> RunResult:
     """Run a training job: loop, evaluation, metrics, ledger, checkpoints, resume, budget guard.
 
-    `loggers` receive the metrics (dptrain.train.loggers; default: metrics.jsonl only) and are
-    closed when the run ends, however it ends.
+    `loggers` receive the metrics (dptrain.train.loggers; default: metrics.jsonl, and the
+    private ones in private_metrics.jsonl) and are closed when the run ends, however it ends.
 
     Raises ConfigError before training when the run folder cannot be written, a setting is
     invalid, or the resume checkpoint is missing, corrupt or from another config (under

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from dptrain_runner import read_json, run_dptrain
 
-EPOCH_LINE = re.compile(r"\[dptrain\.train\]\[INFO\] - epoch (\d)/2: loss [0-9.]+, accuracy "
-                        r"[0-9.]+%, test accuracy [0-9.]+%, epsilon so far [0-9.]+, [0-9.]+ s$",
+EPOCH_LINE = re.compile(r"\[dptrain\.train\]\[INFO\] - epoch (\d)/2: private \(not covered by "
+                        r"epsilon\): loss [0-9.]+, accuracy [0-9.]+%; test accuracy [0-9.]+%, "
+                        r"epsilon so far [0-9.]+, [0-9.]+ s$",
                         flags=re.M)
 
 

@@ -65,7 +65,7 @@ def test_report_on_a_run_draws_metrics_jsonl_into_a_png_and_prints_a_summary(
     assert code == 0, err
     records = [json.loads(x) for x in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     (series, path), = [call[:2] for call in drawn]
-    for key in ("train_loss", "test_accuracy", "epsilon"):
+    for key in ("test_accuracy", "epsilon"):
         assert series[key].steps == [r["step"] for r in records if key in r]
         assert series[key].values == [r[key] for r in records if key in r]
     assert Path(path) == Path("run") / "report.png" and _png_ok(tmp_path / "run/report.png")
@@ -143,3 +143,31 @@ def test_a_run_resumes_with_other_loggers_than_it_started_with(tmp_path, monkeyp
     assert code == 0, err
     assert [r["step"] for r in read_json_lines(tmp_path / "run/metrics.jsonl")] == [6, 12]
     assert (tmp_path / "run/metrics.csv").exists()
+
+
+PRIVATE_METRICS = {"train_loss", "train_accuracy", "step_loss", "val_loss", "val_accuracy"}
+
+
+def test_report_on_a_run_plots_no_private_metric_by_default(tmp_path, monkeypatch, capsys):
+    run = ["hydra.run.dir=run", "dataset.validation_size=0.25", "logger.jsonl.every_n_steps=3"]
+    code, _, err = run_in_process([*run, *TINY], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    drawn = _spy(monkeypatch, "plot_run")
+    code, out, err = run_in_process(["report", "run"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    (series, _), = [call[:2] for call in drawn]
+    assert {"test_accuracy", "epsilon"} <= set(series) and not PRIVATE_METRICS & set(series)
+    assert "validation" not in out
+
+
+def test_report_private_plots_the_private_metrics_marked_as_such(tmp_path, monkeypatch, capsys):
+    run = ["hydra.run.dir=run", "dataset.validation_size=0.25", *TINY]
+    code, _, err = run_in_process(run, tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    drawn = _spy(monkeypatch, "plot_run")
+    code, out, err = run_in_process(["report", "run", "--private"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    (series, _), = [call[:2] for call in drawn]
+    assert {"train_loss", "val_accuracy", "test_accuracy"} <= set(series)
+    assert "validation accuracy (private, not covered by epsilon)" in out
+    assert _png_ok(tmp_path / "run/report.png")

@@ -79,13 +79,13 @@ def test_a_sweep_job_with_bad_input_is_summarized_as_failed_and_the_exit_status_
     assert code == 2 and "1 sweep job(s) failed" in err
 
 
-def test_a_run_with_a_validation_split_reports_validation_accuracy_in_result_and_closing_line(
+def test_a_validation_split_reports_its_accuracy_privately_in_result_and_closing_line(
     tmp_path, monkeypatch, capsys
 ):
     code, out, err = run_in_process(
         ["hydra.run.dir=run", "dataset.validation_size=0.25", *TINY], tmp_path, monkeypatch, capsys
     )
     assert code == 0, err
-    record = read_json(tmp_path / "run" / "result.json")
+    record = read_json(tmp_path / "run" / "result.json")["private"]
     assert 0.0 <= record["val_accuracy"] <= 1.0 and record["val_loss"] is not None
-    assert f"(validation {100 * record['val_accuracy']:.2f}%)" in out
+    assert f"(validation {100 * record['val_accuracy']:.2f}%: private, not covered" in out

@@ -38,3 +38,21 @@ def test_an_attempt_that_changed_the_ledger_records_its_failure(tmp_path: Path) 
 
 def test_the_snapshot_of_a_folder_without_ledger_is_none(tmp_path: Path) -> None:
     assert ledger_snapshot(tmp_path) is None and read_result(tmp_path) is None
+
+
+def test_result_json_keeps_validation_metrics_in_its_labelled_private_object(
+        tmp_path: Path) -> None:
+    import dataclasses
+    import json
+
+    validated = dataclasses.replace(failed_result(tmp_path), status="completed", epsilon=1.0,
+                                    delta=1e-5, test_accuracy=0.7, test_loss=0.3,
+                                    val_accuracy=0.65, val_loss=0.4, val_perplexity=1.5)
+    write_result(tmp_path, validated, ["dataset.validation_size=0.1"])
+    record = json.loads((tmp_path / "result.json").read_text())
+    private = record.pop("private")
+    assert not {"val_accuracy", "val_loss", "val_perplexity"} & set(record)
+    assert (record["test_accuracy"], record["epsilon"]) == (0.7, 1.0)
+    assert (private["val_accuracy"], private["val_loss"], private["val_perplexity"]) == (
+        0.65, 0.4, 1.5)
+    assert "not covered by epsilon" in private["notice"].lower()

@@ -14,15 +14,16 @@ from dptrain.train.display import Display, privacy_rows
 from dptrain.train.ledger import PRIVACY_UNIT, PrivacyLedger
 from dptrain.train.loop import train
 
-EPOCH_LINE = re.compile(r"epoch (\d)/3: loss [0-9.]+, accuracy [0-9.]+%, test accuracy [0-9.]+%, "
-                        r"epsilon so far [0-9.]+, [0-9.]+ s")
+EPOCH_LINE = re.compile(r"epoch (\d)/3: private \(not covered by epsilon\): loss [0-9.]+, "
+                        r"accuracy [0-9.]+%; test accuracy [0-9.]+%, epsilon so far [0-9.]+, "
+                        r"[0-9.]+ s")
 
 
 def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "dptrain.train"]
 
 
-def test_without_bars_each_epoch_logs_one_line_with_loss_accuracy_epsilon_and_time(
+def test_without_bars_each_epoch_line_labels_the_loss_and_accuracy_private(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="dptrain.train"):
         train(make_job(), make_settings(tmp_path, epochs=3, progress=False))
@@ -36,7 +37,7 @@ def test_without_bars_a_phase_longer_than_the_interval_reports_its_progress(
     with caplog.at_level(logging.INFO, logger="dptrain.train"):
         train(make_job(), make_settings(tmp_path, epochs=1, progress=False))
     lines = _lines(caplog)
-    assert any(line.startswith("epoch 1/1: step 4/4, loss ") for line in lines)
+    assert any(line.startswith("epoch 1/1: step 4/4, private loss ") for line in lines)
     assert any(line.startswith("evaluating the test split: batch 2/2, ") for line in lines)
 
 
@@ -54,7 +55,8 @@ def test_a_script_without_logging_configured_still_sees_the_epoch_lines(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(logging.getLogger(), "handlers", [])
     train(make_job(), make_settings(tmp_path, epochs=1, progress=False))
-    assert re.search(r"^epoch 1/1: loss ", capsys.readouterr().out, flags=re.M)
+    assert re.search(r"^epoch 1/1: private \(not covered by epsilon\): loss ",
+                     capsys.readouterr().out, flags=re.M)
 
 
 def _ledger(tmp_path: Path, claims: dict[str, float], target: float | None) -> PrivacyLedger:

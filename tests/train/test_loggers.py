@@ -226,8 +226,9 @@ def test_make_loggers_builds_the_configured_loggers_in_order(tmp_path):
 
 
 class _Recorder(MetricLogger):
-    def __init__(self, every_n_steps: int = 0, fail_on_close: bool = False) -> None:
-        super().__init__(every_n_steps)
+    def __init__(self, every_n_steps: int = 0, fail_on_close: bool = False,
+                 private_metrics: bool | None = None) -> None:
+        super().__init__(every_n_steps, private_metrics)
         self.records: list = []
         self.closed, self.fail_on_close = False, fail_on_close
 
@@ -241,15 +242,54 @@ class _Recorder(MetricLogger):
 
 
 def test_step_metrics_go_only_to_the_loggers_whose_every_n_steps_divides_the_step():
-    every_2, epochs_only = _Recorder(every_n_steps=2), _Recorder()
+    every_2 = _Recorder(every_n_steps=2, private_metrics=True)
+    epochs_only = _Recorder(private_metrics=True)
     loggers = MetricLoggers([every_2, epochs_only])
     for step in (1, 2, 3, 4):
         if loggers.step_due(step):
             loggers.log_step(step, {"step_loss": float(step)})
     loggers.log(4, EPOCH_1)
-    assert [s for s, _ in every_2.records] == [2, 4, 4]
-    assert epochs_only.records == [(4, EPOCH_1)]
+    assert [s for s, _ in every_2.records] == [2, 4, 4, 4]   # step loss; epoch 1: public, private
+    assert [s for s, _ in epochs_only.records] == [4, 4]
     assert not MetricLoggers([epochs_only]).step_due(4)
+
+
+def test_a_logger_gets_the_private_metrics_only_with_private_metrics_and_under_private():
+    public_only, with_private = _Recorder(), _Recorder(private_metrics=True)
+    MetricLoggers([public_only, with_private]).log(4, EPOCH_1)
+    public = {"epoch": 1, "epsilon": 0.5, "noise_multiplier": 1.1}
+    assert public_only.records == [(4, public)]
+    assert with_private.records == [(4, public),
+                                    (4, {"private/train_loss": 1.5, "private/time": 7.0})]
+
+
+def test_tensorboard_names_the_private_metrics_under_private_and_drops_their_wall_clock(
+        tmp_path):
+    MetricLoggers([TensorBoardLogger(tmp_path, private_metrics=True)]).log(12, EPOCH_1)
+    assert set(_tensorboard_scalars(tmp_path)) == {
+        "epoch", "privacy/epsilon", "privacy/noise_multiplier", "private/train/loss"}
+
+
+def test_every_n_steps_without_private_metrics_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="logger.tensorboard.private_metrics=true"):
+        make_logger("tensorboard", ".", {"every_n_steps": 5})
+
+
+def test_only_the_loggers_keeping_private_metrics_in_a_file_of_their_own_take_them_by_default(
+        tmp_path):
+    taken = {name: make_logger(name, tmp_path).private_metrics for name in ("jsonl", "csv",
+                                                                           "tensorboard")}
+    assert taken == {"jsonl": True, "csv": True, "tensorboard": False}
+    assert not WandbLogger.PRIVATE_BY_DEFAULT and not MlflowLogger.PRIVATE_BY_DEFAULT
+
+
+def test_csv_writes_the_private_metrics_to_private_metrics_csv_marked_private(tmp_path):
+    MetricLoggers([CsvLogger(tmp_path)]).log(12, EPOCH_1)
+    (public,) = _csv_rows(tmp_path / "metrics.csv")
+    (private,) = _csv_rows(tmp_path / "private_metrics.csv")
+    assert set(public) == {"step", "epoch", "epsilon", "noise_multiplier"}
+    assert private == {"step": "12", "private": "True", "epoch": "1", "train_loss": "1.5",
+                       "time": "7.0"}
 
 
 def test_every_logger_is_closed_and_a_close_failure_never_hides_the_run_error():

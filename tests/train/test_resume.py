@@ -23,7 +23,9 @@ def _interrupted_then_resumed(tmp_path: Path, private: bool, **job_kwargs) -> tu
 
 
 def _metric_lines(run_dir: Path) -> list[dict]:
-    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """The records of metrics.jsonl and private_metrics.jsonl (training loss...) but the time."""
+    lines = [json.loads(x) for name in ("metrics.jsonl", "private_metrics.jsonl")
+             for x in (run_dir / name).read_text().splitlines()]
     return [{k: v for k, v in line.items() if k != "time"} for line in lines]
 
 

@@ -19,6 +19,17 @@ def _metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def _private_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "private_metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _all_metrics(run_dir: Path) -> list[dict]:
+    """Each record of metrics.jsonl merged with its step's record of private_metrics.jsonl."""
+    private = {line["step"]: line for line in _private_metrics(run_dir)}
+    return [{**line, **private.get(line["step"], {})} for line in _metrics(run_dir)]
+
+
 def test_non_private_run_completes_and_reports_no_epsilon(tmp_path: Path) -> None:
     result = train(make_job(private=False), make_settings(tmp_path))
     assert (result.status, result.steps, result.epochs_completed) == ("completed", 12, 3)
@@ -70,9 +81,10 @@ def test_keep_best_without_a_validation_split_is_refused_naming_dataset_validati
     assert not (tmp_path / "privacy_ledger.json").exists()
 
 
-def test_evaluations_log_validation_metrics_next_to_test_metrics(tmp_path: Path) -> None:
+def test_evaluations_log_validation_metrics_privately_at_the_steps_of_the_test_metrics(
+        tmp_path: Path) -> None:
     train(make_job(private=False, validation=True), make_settings(tmp_path, epochs=2))
-    lines = _metrics(tmp_path)
+    lines = _all_metrics(tmp_path)
     assert all({"val_loss", "val_accuracy", "test_loss", "test_accuracy"} <= set(line)
                for line in lines)
     assert all(0.0 <= line["val_accuracy"] <= 1.0 for line in lines)
@@ -80,7 +92,7 @@ def test_evaluations_log_validation_metrics_next_to_test_metrics(tmp_path: Path)
 
 def test_the_run_result_reports_the_last_validation_metrics(tmp_path: Path) -> None:
     result = train(make_job(private=False, validation=True), make_settings(tmp_path, epochs=2))
-    last = _metrics(tmp_path)[-1]
+    last = _private_metrics(tmp_path)[-1]
     assert (result.val_accuracy, result.val_loss) == (last["val_accuracy"], last["val_loss"])
     assert result.selection_accuracy == result.val_accuracy
 
@@ -92,7 +104,7 @@ def test_without_a_validation_split_the_run_is_compared_by_test_accuracy(tmp_pat
 
 def test_without_a_validation_split_no_validation_metrics_are_logged(tmp_path: Path) -> None:
     train(make_job(private=False), make_settings(tmp_path, epochs=2))
-    assert not any("val_accuracy" in line for line in _metrics(tmp_path))
+    assert not any("val_accuracy" in line for line in _all_metrics(tmp_path))
 
 
 def _mislabelled_validation(job):
@@ -108,7 +120,7 @@ def test_the_best_checkpoint_is_chosen_on_validation_accuracy_not_test_accuracy(
         tmp_path: Path) -> None:
     job = _mislabelled_validation(make_job(private=False, validation=True))
     train(job, make_settings(tmp_path, epochs=6, keep_best=True, checkpoint_every=0))
-    lines = _metrics(tmp_path)
+    lines = _all_metrics(tmp_path)
     by_validation = max(lines, key=lambda line: line["val_accuracy"])["step"]  # first maximum
     by_test = max(lines, key=lambda line: line["test_accuracy"])["step"]
     assert by_validation != by_test  # the data tells the two choices apart
