@@ -436,7 +436,8 @@ def build_job(cfg: DictConfig, run_dir: Path, prepare_splits: Callable[[DatasetS
 
 # ----------------------------------------------------------------------------- metric loggers
 def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Any]:
-    """The loggers the `logger` group selects ({name: options}; none after `logger=[]`).
+    """The loggers the `logger` group selects ({name: options}; none after `logger=[]`, and
+    the run still writes its metrics.jsonl: dptrain.train.loggers.with_run_record).
 
     Built before anything else, so an unknown option or a missing package (logger=wandb without
     wandb) stops the run before the data is loaded; they open their files on first use.

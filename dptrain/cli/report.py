@@ -55,12 +55,11 @@ def _not_a_report_folder(path: Path) -> ConfigError:
     if (path / LEDGER_FILENAME).is_file():
         return ConfigError(
             f"The run folder {str(path)!r} has no {METRICS_FILENAME}, which `{PROG}` plots: the "
-            "run was trained without the jsonl logger. Keep it in the list next time (e.g. "
-            "logger=[jsonl,tensorboard]); open this run's logs with the tool it logged to.")
+            "run was trained by an older dptrain without the jsonl logger (every run writes it "
+            "now); open this run's logs with the tool it logged to.")
     return ConfigError(
         f"{str(path)!r} is neither a run folder nor a sweep folder: `{PROG}` expected a run "
-        f"folder holding {METRICS_FILENAME} (written by `dptrain` with the jsonl logger, the "
-        "default; the closing line `Outputs in ...` names the folder) or a sweep folder holding "
+        f"folder holding {METRICS_FILENAME} (written by every `dptrain` run; the closing line `Outputs in ...` names the folder) or a sweep folder holding "
         f"sweep_summary.json or {MULTIRUN_FILENAME} (written by `dptrain -m ...`, at "
         "hydra.sweep.dir).")
 

@@ -41,7 +41,7 @@ import io
 import math
 import numbers
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Union
@@ -445,6 +445,15 @@ def make_logger(name: str, run_dir: Path | str, options: Mapping[str, Any] | Non
             raise ConfigError(f"logger.{name}.{key} is not an option of the {name} logger: its "
                               f"options are {', '.join(known)}.")
     return cls(run_dir, **options)
+
+
+def with_run_record(run_dir: Path | str, loggers: Sequence[MetricLogger]) -> list[MetricLogger]:
+    """`loggers` with the run's own record in front: a JsonlLogger writing `run_dir`'s
+    metrics.jsonl unless one is among them. Every run writes metrics.jsonl (what `dptrain
+    report` and the resume read); the other loggers are extra destinations."""
+    if any(isinstance(logger, JsonlLogger) for logger in loggers):
+        return list(loggers)
+    return [JsonlLogger(run_dir), *loggers]
 
 
 def make_loggers(specs: Mapping[str, Mapping[str, Any] | None], run_dir: Path | str

@@ -58,6 +58,7 @@ from dptrain.train.loggers import (  # noqa: F401  (METRICS_FILENAME: where it w
     MetricLogger,
     MetricLoggers,
     learning_rates,
+    with_run_record,
 )
 from dptrain.train.preemption import Preemption
 from dptrain.train.resume import Resumer, resume_on_every_rank
@@ -103,7 +104,7 @@ class Trainer:
                                          settings.keep_checkpoints)
         self.display = Display(settings.progress)
         self.evaluator = Evaluator(job, settings, self.pos, self.display)
-        self.loggers = MetricLoggers([JsonlLogger(run_dir)] if loggers is None else loggers)
+        self.loggers = MetricLoggers(with_run_record(run_dir, loggers or []))
         self.resumer = Resumer(job, settings, run_dir, self.pos, self.spend, self.checkpointer,
                                self.ledger, self.loggers)
         self.preemption = Preemption()

@@ -100,14 +100,22 @@ def test_report_on_a_folder_that_is_not_a_run_says_what_it_expected(tmp_path, mo
     assert list(tmp_path.iterdir()) == []   # nothing written
 
 
-def test_report_on_a_run_logged_without_jsonl_asks_to_keep_the_jsonl_logger(
+def test_report_on_a_run_logged_to_csv_only_draws_its_metrics_jsonl(
         tmp_path, monkeypatch, capsys):
     code, _, err = run_in_process(["hydra.run.dir=run", "logger=csv", *TINY], tmp_path,
                                   monkeypatch, capsys)
     assert code == 0, err
-    assert (tmp_path / "run/metrics.csv").exists() and not (tmp_path / "run/metrics.jsonl").exists()
+    assert (tmp_path / "run/metrics.csv").exists() and (tmp_path / "run/metrics.jsonl").exists()
     code, _, err = run_in_process(["report", "run"], tmp_path, monkeypatch, capsys)
-    assert code == 2 and "without the jsonl logger" in err and "logger=[jsonl," in err
+    assert code == 0, err
+
+
+def test_report_on_a_run_folder_without_metrics_jsonl_says_why(tmp_path, monkeypatch, capsys):
+    code, _, err = run_in_process(["hydra.run.dir=run", *TINY], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    (tmp_path / "run/metrics.jsonl").unlink()   # an older dptrain run logged to csv only
+    code, _, err = run_in_process(["report", "run"], tmp_path, monkeypatch, capsys)
+    assert code == 2 and "has no metrics.jsonl" in err and "without the jsonl logger" in err
 
 
 def test_a_logger_list_writes_metrics_jsonl_and_tensorboard_events(tmp_path, monkeypatch, capsys):

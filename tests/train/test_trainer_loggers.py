@@ -85,10 +85,18 @@ def test_tensorboard_and_csv_hold_the_values_of_metrics_jsonl(tmp_path):
     assert [float(row["epsilon"]) for row in rows] == [r["epsilon"] for r in records]
 
 
-def test_a_run_without_loggers_writes_no_metrics_file(tmp_path):
+def test_a_run_without_loggers_still_writes_its_own_metrics_jsonl(tmp_path):
     train(make_job(private=False), make_settings(tmp_path, epochs=1), loggers=[])
-    assert not (tmp_path / "metrics.jsonl").exists()
-    assert (tmp_path / "privacy_ledger.json").exists()
+    assert [r["epoch"] for r in _jsonl(tmp_path)] == [1]
+
+
+def test_a_run_logging_to_tensorboard_only_still_writes_its_own_metrics_jsonl(tmp_path):
+    loggers = [TensorBoardLogger(tmp_path)]
+    train(make_job(private=True), make_settings(tmp_path, epochs=2), loggers=loggers)
+    records = _jsonl(tmp_path)
+    assert [r["epoch"] for r in records] == [1, 2]
+    assert _tensorboard(tmp_path, "privacy/epsilon") == [
+        (r["step"], pytest.approx(r["epsilon"], rel=1e-6)) for r in records]
 
 
 def test_a_resumed_run_leaves_tensorboard_and_csv_as_an_uninterrupted_run_would(tmp_path):
