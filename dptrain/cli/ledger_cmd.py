@@ -103,11 +103,13 @@ def check_sweep_ledgers(paths: Sequence[Path], as_json: bool) -> list[dict]:
         from rich.console import Console
         from rich.table import Table
 
+        from dptrain.train.display import shown_path
+
         table = Table(title="sweep ledgers (the cost of releasing the best job)", show_edge=False)
-        for column in ("sweep ledger", "claimed", "recomputed", "check"):
+        for column in ("sweep folder", "claimed", "recomputed", "check"):
             table.add_column(column, overflow="fold")
         for result in results:
-            table.add_row(result["path"], _num(_as_number(result["claimed"])),
+            table.add_row(shown_path(Path(result["path"]).parent), _num(_as_number(result["claimed"])),
                           _num(_as_number(result["recomputed"])),
                           ("[green]" if result["ok"] else "[red]") + result["message"])
         Console().print(table)

@@ -176,7 +176,8 @@ def describe_cost(ledger: dict[str, Any], jobs: int) -> str:
     composed = ledger["cost"]["all_composed"]
     at = f" at delta {ledger['delta']:g}" if ledger["delta"] is not None else ""
     parts = [f"releasing the best job costs {eps(ledger)}{at}",
-             f"all {jobs} jobs composed ({composed['accountant']}): {eps(composed)}"]
+             f"{jobs} job{'s' if jobs != 1 else ''} composed ({composed['accountant']}): "
+             f"{eps(composed)}"]
     stopping = ledger["cost"].get("random_stopping")
     if stopping is not None:
         label = stopping["distribution"].replace("_", " ")
