@@ -107,11 +107,12 @@ def truncated_negative_binomial_trials(eta: Any, gamma: Any) -> Trials:
     """K ~ truncated negative binomial(eta, gamma); PrivacyError unless eta > -1 (finite) and
     0 < gamma < 1."""
     if not is_real(eta) or not (-1 < eta < math.inf):
-        raise PrivacyError(f"eta={eta!r} is invalid: the truncated negative binomial needs a finite "
-                           "shape eta > -1 (eta = 1: geometric, eta = 0: logarithmic).")
+        raise PrivacyError(f"eta={eta!r} is invalid: the truncated negative binomial needs a "
+                           "finite shape eta > -1 (eta = 1: geometric, eta = 0: logarithmic).")
     if not is_real(gamma) or not (0 < gamma < 1):
         raise PrivacyError(f"gamma={gamma!r} is invalid: the truncated negative binomial needs "
-                           "gamma in (0, 1) (smaller gamma: more trials; E[K] = 1/gamma for eta = 1).")
+                           "gamma in (0, 1) (smaller gamma: more trials; E[K] = 1/gamma for "
+                           "eta = 1).")
     return Trials(TRUNCATED_NEGATIVE_BINOMIAL, eta=float(eta), gamma=float(gamma))
 
 

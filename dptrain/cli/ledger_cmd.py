@@ -93,12 +93,11 @@ def check_sweep_ledgers(paths: Sequence[Path], as_json: bool) -> list[dict]:
     (dptrain.cli.sweep_ledger.verify_sweep_ledger); print a table of the results unless
     `as_json`. Returns the results as JSON-ready dicts (key `ok`: it matches)."""
     from dptrain.cli.sweep_ledger import SWEEP_LEDGER_FILENAME, verify_sweep_ledger
+    from dptrain.io import json_safe
 
     folders = [path for path in paths if (path / SWEEP_LEDGER_FILENAME).is_file()]
-    results = [{**asdict(verify_sweep_ledger(folder)), "kind": "sweep_ledger"}
-               for folder in folders]
-    for result in results:
-        result["path"] = str(result["path"])
+    results = json_safe([{**asdict(verify_sweep_ledger(folder)), "kind": "sweep_ledger"}
+                         for folder in folders])   # paths as strings, infinities as "inf"
     if results and not as_json:
         from rich.console import Console
         from rich.table import Table
@@ -108,16 +107,13 @@ def check_sweep_ledgers(paths: Sequence[Path], as_json: bool) -> list[dict]:
         table = Table(title="sweep ledgers (the cost of releasing the best job)", show_edge=False)
         for column in ("sweep folder", "claimed", "recomputed", "check"):
             table.add_column(column, overflow="fold")
-        for result in results:
-            table.add_row(shown_path(Path(result["path"]).parent), _num(_as_number(result["claimed"])),
-                          _num(_as_number(result["recomputed"])),
+        for result in results:   # float(): an infinite claim reads back as "inf" (dptrain.io)
+            claimed, recomputed = (None if v is None else float(v)
+                                   for v in (result["claimed"], result["recomputed"]))
+            table.add_row(shown_path(Path(result["path"]).parent), _num(claimed), _num(recomputed),
                           ("[green]" if result["ok"] else "[red]") + result["message"])
         Console().print(table)
     return results
-
-
-def _as_number(value: object) -> float | None:
-    return None if value is None else float(value)   # "inf" as written by dptrain.io
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -64,8 +64,8 @@ def summarize(sweep_dir: Path) -> dict[str, Any]:
     sweep_dir = Path(sweep_dir)
     rows = [job_row(sweep_dir, d) for d in job_dirs(sweep_dir)]
     ledger = write_sweep_ledger(sweep_dir)
-    summary = {"sweep_dir": str(sweep_dir), "jobs": rows,
-               "cost_of_best": {key: ledger[key] for key in ("epsilon", "delta", "selection", "cost")}}
+    cost_of_best = {key: ledger[key] for key in ("epsilon", "delta", "selection", "cost")}
+    summary = {"sweep_dir": str(sweep_dir), "jobs": rows, "cost_of_best": cost_of_best}
     atomic_write_json(sweep_dir / SUMMARY_FILENAME, summary)
     return summary
 

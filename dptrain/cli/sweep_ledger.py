@@ -15,8 +15,9 @@ than the chosen job's epsilon. `sweep_cost` reads each job folder's privacy ledg
   being drawn independently of the data; the random-stopping bound over the draw of K).
 
 A job folder without a ledger never took a step (steps are committed to the ledger before they
-touch data) and costs nothing; a non-private job, or a ledger that cannot be read, makes the cost
-infinite or unknown (never left out). `write_sweep_ledger` writes the file atomically;
+touch data) and costs nothing, unless its result.json reports steps (a removed ledger); a
+non-private job, or a ledger that cannot be read or was removed, makes the cost infinite or
+unknown (never left out). `write_sweep_ledger` writes the file atomically;
 `verify_sweep_ledger` (`dptrain-ledger SWEEP_FOLDER`) recomputes it from the jobs' ledgers.
 """
 
@@ -58,11 +59,16 @@ def history_sha256(history: list[dict[str, Any]]) -> str:
 def _job_entry(sweep_dir: Path, job_dir: Path) -> tuple[dict[str, Any], History | None]:
     """A job's line in the sweep ledger and its history (None when it is not private or its
     ledger cannot be read: the sweep's cost is then infinite or unknown)."""
+    from dptrain.cli.results import read_result
     from dptrain.train.ledger import LEDGER_FILENAME, load_ledger
 
     path = job_dir / LEDGER_FILENAME
     entry: dict[str, Any] = {"job": _relative(sweep_dir, job_dir), "ledger": None}
     if not path.exists():
+        steps = (read_result(job_dir) or {}).get("steps") or 0
+        if steps:   # the job trained: its ledger was removed, its cost cannot be recomputed
+            entry["error"] = f"its result.json reports {steps} steps but it has no {LEDGER_FILENAME}"
+            return entry, None
         entry["note"] = "no privacy ledger: the job took no step and costs nothing"
         return entry, []
     entry["ledger"] = _relative(sweep_dir, path)
@@ -97,7 +103,8 @@ def _all_composed(entries: list[dict[str, Any]], histories: list[History | None]
     broken = [e["job"] for e in entries if "error" in e]
     public = [e["job"] for e, h in zip(entries, histories) if h is None and "error" not in e]
     if broken:
-        cost["reason"] = f"unknown: the ledger of job(s) {', '.join(broken)} cannot be read"
+        cost["reason"] = (f"unknown: the ledger of job(s) {', '.join(broken)} cannot be read or "
+                          "is missing")
     elif public:
         cost["epsilon"] = math.inf
         cost["reason"] = (f"job(s) {', '.join(public)} trained without privacy (privacy=none) on "

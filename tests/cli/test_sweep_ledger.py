@@ -7,7 +7,6 @@ import json
 import math
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -127,6 +126,13 @@ def test_a_non_private_job_makes_releasing_the_best_job_cost_infinite(tmp_path):
     _ledger(make_job(tmp_path, "1", ["privacy=none"], done(None, 0.9)), None)
     cost = sweep_cost(tmp_path)
     assert cost["epsilon"] == math.inf and "1" in cost["cost"]["all_composed"]["reason"]
+
+
+def test_a_job_that_trained_but_lost_its_ledger_makes_the_cost_unknown_not_smaller(tmp_path):
+    _ledger(make_job(tmp_path, "0", ["a=0"], done(1.0, 0.5)), [(1.0, 0.1, 10)])
+    make_job(tmp_path, "1", ["a=1"], done(1.0, 0.5))      # result.json: 10 steps, no ledger
+    cost = sweep_cost(tmp_path)
+    assert cost["epsilon"] is None and "no privacy_ledger.json" in cost["jobs"][1]["error"]
 
 
 def test_an_unreadable_job_ledger_makes_the_cost_unknown_not_smaller(tmp_path):
