@@ -158,6 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         fail(PROG, str(error))
     print(f"{PROG}: {len(drawn)} trial(s) drawn (mean {trials.mean():.3g}) from a grid of "
           f"{len(grid)} point(s); the draw is in {sweep_dir}/tuning.json", flush=True)
+    if not drawn:
+        print(f"{PROG}: K = 0: no trial was drawn, nothing is trained and nothing is released.",
+              flush=True)
     failed = run_trials(sweep_dir, fixed, drawn, args.verbose)
     from dptrain.cli.sweep import finish_sweep
 
