@@ -50,7 +50,7 @@ DISTRIBUTIONS = (POISSON, TRUNCATED_NEGATIVE_BINOMIAL)
 
 @dataclass(frozen=True)
 class Trials:
-    """The distribution of the number K of trials: Poisson with mean `mean_trials` (mu > 0), or
+    """The distribution of the number K of trials: Poisson with mean `mean_trials` (mu >= 1), or
     truncated negative binomial with shape `eta` > -1 and `gamma` in (0, 1) (P[K = k] is
     proportional to (1 - gamma)^k C(k + eta - 1, k) for k >= 1; eta = 1 is geometric, eta = 0
     logarithmic). Build one with `poisson_trials` or `truncated_negative_binomial_trials`."""
@@ -96,10 +96,11 @@ class Trials:
 
 
 def poisson_trials(mean_trials: Any) -> Trials:
-    """K ~ Poisson(mean_trials); PrivacyError unless mean_trials is a finite number > 0."""
-    if not is_real(mean_trials) or not (0 < mean_trials < math.inf):
+    """K ~ Poisson(mean_trials); PrivacyError unless mean_trials is a finite number >= 1 (the
+    domain where dp_accounting's implementation of Theorem 6 agrees with ours)."""
+    if not is_real(mean_trials) or not (1 <= mean_trials < math.inf):
         raise PrivacyError(f"mean_trials={mean_trials!r} is invalid: the Poisson number of trials "
-                           "needs a finite mean > 0 (e.g. 5).")
+                           "needs a finite mean >= 1 (e.g. 5).")
     return Trials(POISSON, mean_trials=float(mean_trials))
 
 

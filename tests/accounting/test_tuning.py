@@ -105,7 +105,7 @@ def test_trials_survive_their_json_form():
         assert Trials.from_json(trials.to_json()) == trials
 
 
-@pytest.mark.parametrize("make", [lambda: poisson_trials(0), lambda: poisson_trials(math.inf),
+@pytest.mark.parametrize("make", [lambda: poisson_trials(0.5), lambda: poisson_trials(math.inf),
                                   lambda: truncated_negative_binomial_trials(-1, 0.5),
                                   lambda: truncated_negative_binomial_trials(1, 1.0),
                                   lambda: Trials.from_json({"distribution": "uniform"})])
