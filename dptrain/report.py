@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import math
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,9 +233,10 @@ def sweep_points(summary: Mapping[str, Any]) -> list[SweepPoint]:
 
 
 def plot_sweep(points: Sequence[SweepPoint], path: Path | str, title: str = "",
-               delta: float | None = None) -> Path:
+               delta: float | None = None, note: str = "") -> Path:
     """The privacy-utility plot: test accuracy against epsilon, one labelled point per job,
-    non-private jobs as dashed horizontal lines, written as a PNG to `path`. Returns `path`."""
+    non-private jobs as dashed horizontal lines, written as a PNG to `path`. Returns `path`.
+    `note` (what releasing the best job costs) is printed above the plot, wrapped."""
     figure, (ax,) = _figure(1, 1, (6.4, 4.4))
     private = sorted((p for p in points if p.epsilon is not None), key=lambda p: p.epsilon)
     if private:
@@ -259,6 +261,8 @@ def plot_sweep(points: Sequence[SweepPoint], path: Path | str, title: str = "",
     ax.set_xlabel("epsilon" + (f" (delta = {delta:g})" if delta else ""))
     ax.set_ylabel("test accuracy")
     ax.set_title(title or "privacy-utility", fontsize="medium")
+    if note:
+        figure.suptitle("\n".join(textwrap.wrap(note, 80)), fontsize="small")
     ax.grid(alpha=0.3)
     return _save(figure, Path(path))
 

@@ -1,7 +1,8 @@
 """`dptrain-ledger PATH [PATH ...] [--accountant NAME] [--json]`: audit privacy ledgers.
 
 Each PATH is a `privacy_ledger.json`, a run folder holding one, or a sweep folder (every ledger
-below it is checked). The table names each run by its folder, relative to the folder the runs
+below it is checked, and its `sweep_ledger.json`, the cost of releasing the best job, is
+recomputed from the jobs' ledgers: `check_sweep_ledgers`). The table names each run by its folder, relative to the folder the runs
 share (said in the title), and folds what does not fit: it fits 80 columns. For each ledger the epsilon is recomputed from its history with the accountant
 (default: the run's) and compared with the ledger's claim. Exit status: 0 when every ledger is
 readable and matches within a relative tolerance of 1e-6, 1 otherwise, 2 for a bad PATH.
@@ -86,6 +87,35 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.6g}"
 
 
+# ---------------------------------------------------------------------------- sweep ledgers
+def check_sweep_ledgers(paths: Sequence[Path], as_json: bool) -> list[dict]:
+    """Recompute the `sweep_ledger.json` of every sweep folder in `paths` from its jobs' ledgers
+    (dptrain.cli.sweep_ledger.verify_sweep_ledger); print a table of the results unless
+    `as_json`. Returns the results as JSON-ready dicts (key `ok`: it matches)."""
+    from dptrain.cli.sweep_ledger import SWEEP_LEDGER_FILENAME, verify_sweep_ledger
+    from dptrain.io import json_safe
+
+    folders = [path for path in paths if (path / SWEEP_LEDGER_FILENAME).is_file()]
+    results = json_safe([{**asdict(verify_sweep_ledger(folder)), "kind": "sweep_ledger"}
+                         for folder in folders])   # paths as strings, infinities as "inf"
+    if results and not as_json:
+        from rich.console import Console
+        from rich.table import Table
+
+        from dptrain.train.display import shown_path
+
+        table = Table(title="sweep ledgers (the cost of releasing the best job)", show_edge=False)
+        for column in ("sweep folder", "claimed", "recomputed", "check"):
+            table.add_column(column, overflow="fold")
+        for result in results:   # float(): an infinite claim reads back as "inf" (dptrain.io)
+            claimed, recomputed = (None if v is None else float(v)
+                                   for v in (result["claimed"], result["recomputed"]))
+            table.add_row(shown_path(Path(result["path"]).parent), _num(claimed), _num(recomputed),
+                          ("[green]" if result["ok"] else "[red]") + result["message"])
+        Console().print(table)
+    return results
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `dptrain-ledger` console script; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -101,11 +131,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         ledgers += [p for p in found if p not in ledgers]
     rows = [_check(path, args.accountant) for path in ledgers]
-    if args.json:
-        print(json.dumps([{**asdict(r), "path": str(r.path)} for r, _ in rows], indent=2))
-    else:
+    if not args.json:
         _print_table(rows)
-    return 0 if all(r.ok for r, _ in rows) else 1
+    sweeps = check_sweep_ledgers(args.paths, args.json)
+    if args.json:
+        print(json.dumps([{**asdict(r), "path": str(r.path)} for r, _ in rows] + sweeps, indent=2))
+    return 0 if all(r.ok for r, _ in rows) and all(s["ok"] for s in sweeps) else 1
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
     dptrain -m privacy=sigma privacy.noise_multiplier=0.5,1.0   # a sweep, summary at its root
     dptrain logger=[jsonl,tensorboard]        # metrics.jsonl and TensorBoard event files
     dptrain report PATH                       # plot a run folder or a sweep folder
+    dptrain tune --poisson 4 optimizer.lr=0.05,0.1   # a random number of trials (cli/tune.py)
 
 Configs ship inside the package (`pkg://dptrain.conf`), so the command works from any directory
 after a plain `pip install .`. Bad input (a dptrain.errors exception, or an OmegaConf/Hydra config
@@ -226,11 +227,16 @@ def _hydra_raises(verbose: bool) -> Iterator[None]:
 
 
 def main() -> None:
-    """Console-script entry point (`dptrain`; `dptrain report PATH` is dptrain.cli.report)."""
+    """Console-script entry point (`dptrain`; `dptrain report PATH` is dptrain.cli.report,
+    `dptrain tune ...` dptrain.cli.tune)."""
     if sys.argv[1:2] == ["report"]:
         from dptrain.cli.report import main as report_main
 
         sys.exit(report_main(sys.argv[2:]))
+    if sys.argv[1:2] == ["tune"]:   # a sweep with a random number of trials (cli/tune.py)
+        from dptrain.cli.tune import main as tune_main
+
+        sys.exit(tune_main(sys.argv[2:]))
     _failed_jobs.clear()
     from dptrain.cli.audit import expand_subcommand
 

@@ -88,12 +88,16 @@ def sweep_report(sweep_dir: Path, output: Path | None = None) -> Report:
     """The privacy-utility plot of the sweep in `sweep_dir` (default sweep_dir/
     privacy_utility.png), from its sweep_summary.json (written first when missing)."""
     from dptrain.cli.sweep import SUMMARY_FILENAME, summarize
+    from dptrain.cli.sweep_ledger import describe_cost
     from dptrain.report import SWEEP_REPORT_FILENAME, plot_sweep, sweep_delta, sweep_points
 
     summary = _read_json(sweep_dir / SUMMARY_FILENAME) or summarize(sweep_dir)
     points = sweep_points(summary)
+    cost = summary.get("cost_of_best")
+    note = "" if cost is None else describe_cost(cost, len(summary.get("jobs", [])))
     image = plot_sweep(points, output or sweep_dir / SWEEP_REPORT_FILENAME,
-                       title=f"privacy-utility: {sweep_dir}", delta=sweep_delta(summary))
+                       title=f"privacy-utility: {sweep_dir}", delta=sweep_delta(summary),
+                       note=note)
     skipped = len(summary.get("jobs", [])) - len(points)
     text = f"sweep {sweep_dir}: {len(points)} job(s) plotted" + (
         f", {skipped} without a test accuracy or a finite epsilon left out" if skipped else "")

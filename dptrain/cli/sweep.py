@@ -5,7 +5,9 @@ privacy-utility plot `privacy_utility.png` (`dptrain report`) at the sweep root.
 its `on_multirun_end` in the launching process once every job has finished, whatever the launcher
 (basic, joblib, submitit). It reads each job folder's `.hydra/overrides.yaml` and `result.json`
 (a job with no result.json is reported as failed) from the file system, so it works the same when
-the jobs ran in other processes or on other machines.
+the jobs ran in other processes or on other machines. The summary also says what releasing the
+best job costs (every job trained on the same data: dptrain.cli.sweep_ledger, which writes
+`sweep_ledger.json` next to it): under `cost_of_best`, in the table's caption and on the plot.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dptrain.cli.results import read_result
+from dptrain.cli.sweep_ledger import SWEEP_LEDGER_FILENAME, describe_cost, write_sweep_ledger
 from dptrain.io import atomic_write_json
 from dptrain.report import common_overrides
 
@@ -60,7 +63,9 @@ def summarize(sweep_dir: Path) -> dict[str, Any]:
     """The summary of the sweep in `sweep_dir` (also written to sweep_summary.json there)."""
     sweep_dir = Path(sweep_dir)
     rows = [job_row(sweep_dir, d) for d in job_dirs(sweep_dir)]
-    summary = {"sweep_dir": str(sweep_dir), "jobs": rows}
+    ledger = write_sweep_ledger(sweep_dir)
+    cost_of_best = {key: ledger[key] for key in ("epsilon", "delta", "selection", "cost")}
+    summary = {"sweep_dir": str(sweep_dir), "jobs": rows, "cost_of_best": cost_of_best}
     atomic_write_json(sweep_dir / SUMMARY_FILENAME, summary)
     return summary
 
@@ -90,7 +95,11 @@ def summary_table(summary: dict[str, Any]) -> Table:
     if len(rows) > 1 and len(deltas) == 1 and None not in deltas:
         keys.remove("delta")
         shared.append(f"delta {_cell(deltas.pop(), 'delta')}")
-    table = Table(title="Sweep summary", caption="; ".join(shared) or None, show_edge=False)
+    caption = "; ".join(shared)
+    cost = summary.get("cost_of_best")
+    if cost is not None:   # on a line of its own
+        caption = "\n".join(filter(None, [caption, describe_cost(cost, len(rows))]))
+    table = Table(title="Sweep summary", caption=caption or None, show_edge=False)
     table.add_column("job", no_wrap=True)
     table.add_column("overrides", overflow="fold", ratio=1)
     for key in keys:
@@ -108,16 +117,23 @@ class SweepSummaryCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir).resolve()
-        if not sweep_dir.is_dir():
-            return
-        summary = summarize(sweep_dir)
-        from dptrain.train.display import shown_path
+        if sweep_dir.is_dir():
+            finish_sweep(sweep_dir)
 
-        console = Console()
-        console.print(summary_table(summary))
-        console.print(f"Summary written to {shown_path(sweep_dir / SUMMARY_FILENAME)}")
-        from dptrain.cli.report import write_sweep_plot
 
-        image = write_sweep_plot(sweep_dir)
-        if image is not None:
-            console.print(f"Privacy-utility plot written to {shown_path(image)}")
+def finish_sweep(sweep_dir: Path) -> dict[str, Any]:
+    """The end of a sweep (`dptrain -m`, `dptrain tune`): write sweep_summary.json and
+    sweep_ledger.json, print the table and draw the privacy-utility plot; returns the summary."""
+    summary = summarize(sweep_dir)
+    from dptrain.train.display import shown_path
+
+    console = Console()
+    console.print(summary_table(summary))
+    console.print(f"Summary written to {shown_path(sweep_dir / SUMMARY_FILENAME)}, the cost of "
+                  f"releasing the best job to {shown_path(sweep_dir / SWEEP_LEDGER_FILENAME)}")
+    from dptrain.cli.report import write_sweep_plot
+
+    image = write_sweep_plot(sweep_dir)
+    if image is not None:
+        console.print(f"Privacy-utility plot written to {shown_path(image)}")
+    return summary

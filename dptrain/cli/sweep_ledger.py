@@ -1,0 +1,249 @@
+"""The sweep ledger: what releasing the best job of a sweep costs, `sweep_ledger.json` at its root.
+
+Every job of a sweep trains on the same private data, and the sweep table invites releasing the
+job with the best validation or test accuracy: that choice depends on every job, so it costs more
+than the chosen job's epsilon. `sweep_cost` reads each job folder's privacy ledger and states
+
+* `all_composed`: every job's history composed (concatenated) under the jobs' accountant, at the
+  sweep's delta; an upper bound for releasing any job chosen in any way from the sweep;
+* `random_stopping` (only for a sweep run by `dptrain tune`, whose `tuning.json` records the
+  distribution of its random number K of trials and the K trials drawn): the bound of Papernot and
+  Steinke (dptrain.accounting.tuning) for releasing only the best trial, computed by the RDP
+  accountant with the worst job's RDP curve as the per-trial bound; it holds once all K trials
+  have run;
+* `epsilon`: the smaller of the two that hold (the composition holds for the K jobs that ran, K
+  being drawn independently of the data; the random-stopping bound over the draw of K).
+
+A job folder without a ledger never took a step (steps are committed to the ledger before they
+touch data) and costs nothing, unless its result.json reports steps (a removed ledger); a
+non-private job, or a ledger that cannot be read or was removed, makes the cost infinite or
+unknown (never left out). `write_sweep_ledger` writes the file atomically;
+`verify_sweep_ledger` (`dptrain-ledger SWEEP_FOLDER`) recomputes it from the jobs' ledgers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dptrain.accounting.history import History, history_from_json
+from dptrain.accounting.tuning import Trials, composed_epsilon, repeat_and_select_epsilon
+from dptrain.errors import DPTrainError
+from dptrain.io import atomic_write_json
+
+SWEEP_LEDGER_FILENAME = "sweep_ledger.json"
+TUNING_FILENAME = "tuning.json"      # written by `dptrain tune` before its first trial
+SWEEP_LEDGER_VERSION = 1
+TUNING_ACCOUNTANT = "rdp"            # the random-stopping theorems are Renyi-DP bounds
+RELATIVE_TOLERANCE = 1e-6
+ALL_COMPOSED_NOTE = ("every job's history composed: holds for releasing any job of the sweep, "
+                     "chosen in any way (by validation or test accuracy...)")
+RANDOM_STOPPING_NOTE = ("Papernot and Steinke (ICLR 2022): holds for releasing only the best of "
+                        "the K trials, K drawn at random as recorded in tuning.json, each trial "
+                        "bounded by the worst job's RDP curve")
+
+
+def _relative(sweep_dir: Path, path: Path) -> str:
+    return str(path.relative_to(sweep_dir))
+
+
+def history_sha256(history: list[dict[str, Any]]) -> str:
+    """SHA-256 (hex) of a ledger's history in canonical JSON (what the cost depends on)."""
+    return hashlib.sha256(json.dumps(history, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _job_entry(sweep_dir: Path, job_dir: Path) -> tuple[dict[str, Any], History | None]:
+    """A job's line in the sweep ledger and its history (None when it is not private or its
+    ledger cannot be read: the sweep's cost is then infinite or unknown)."""
+    from dptrain.cli.results import read_result
+    from dptrain.train.ledger import LEDGER_FILENAME, load_ledger
+
+    path = job_dir / LEDGER_FILENAME
+    entry: dict[str, Any] = {"job": _relative(sweep_dir, job_dir), "ledger": None}
+    if not path.exists():
+        steps = (read_result(job_dir) or {}).get("steps") or 0
+        if steps:   # the job trained: its ledger was removed, its cost cannot be recomputed
+            entry["error"] = f"its result.json reports {steps} steps but it has no {LEDGER_FILENAME}"
+            return entry, None
+        entry["note"] = "no privacy ledger: the job took no step and costs nothing"
+        return entry, []
+    entry["ledger"] = _relative(sweep_dir, path)
+    try:
+        data = load_ledger(path)
+    except DPTrainError as error:
+        entry["error"] = " ".join(str(error).split())
+        return entry, None
+    entry.update(status=data["status"], private=data["private"], accountant=data["accountant"],
+                 delta=data["delta"], epsilon=data["epsilon"],
+                 steps=data["steps_completed"] + data["committed_ahead"],
+                 history_sha256=history_sha256(data["history"]))
+    return entry, history_from_json(data["history"]) if data["private"] else None
+
+
+def read_tuning(sweep_dir: Path) -> dict[str, Any] | None:
+    """The `tuning.json` of a sweep run by `dptrain tune` (None for a plain `dptrain -m`)."""
+    path = Path(sweep_dir) / TUNING_FILENAME
+    if not path.exists():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _common(entries: list[dict[str, Any]], key: str) -> set[Any]:
+    return {e[key] for e in entries if e.get("private")}
+
+
+def _all_composed(entries: list[dict[str, Any]], histories: list[History | None],
+                  delta: float | None, accountant: str) -> dict[str, Any]:
+    cost: dict[str, Any] = {"epsilon": None, "accountant": accountant, "delta": delta,
+                            "note": ALL_COMPOSED_NOTE}
+    broken = [e["job"] for e in entries if "error" in e]
+    public = [e["job"] for e, h in zip(entries, histories) if h is None and "error" not in e]
+    if broken:
+        cost["reason"] = (f"unknown: the ledger of job(s) {', '.join(broken)} cannot be read or "
+                          "is missing")
+    elif public:
+        cost["epsilon"] = math.inf
+        cost["reason"] = (f"job(s) {', '.join(public)} trained without privacy (privacy=none) on "
+                          "the same data: releasing a job chosen among them has no guarantee")
+    elif delta is None:
+        cost["epsilon"] = 0.0
+    else:
+        cost["epsilon"] = composed_epsilon([h for h in histories if h], delta, accountant)
+    return cost
+
+
+def _random_stopping(tuning: dict[str, Any], entries: list[dict[str, Any]],
+                     histories: list[History | None], delta: float | None) -> dict[str, Any]:
+    trials = Trials.from_json(tuning["trials"])
+    drawn = [str(job["job"]) for job in tuning["jobs"]]
+    cost: dict[str, Any] = {"epsilon": None, "accountant": TUNING_ACCOUNTANT, "delta": delta,
+                            **trials.to_json(), "note": RANDOM_STOPPING_NOTE}
+    ran = [e["job"] for e in entries]
+    if sorted(ran) != sorted(drawn):
+        cost["reason"] = (f"does not hold: tuning.json drew {len(drawn)} trial(s) "
+                          f"({', '.join(drawn) or 'none'}) but the sweep folder holds job(s) "
+                          f"{', '.join(ran) or 'none'}; it holds once exactly the drawn trials "
+                          "have run")
+    elif any(h is None for h in histories):
+        cost["reason"] = "does not hold: a job is not private or its ledger cannot be read"
+    elif delta is None or not histories:
+        cost["epsilon"] = 0.0
+    else:
+        cost["epsilon"] = repeat_and_select_epsilon(histories, trials, delta)
+        if len({e.get("history_sha256") for e in entries}) > 1:
+            cost["caveat"] = ("the jobs' privacy histories differ: the per-trial bound is the "
+                              "worst job that ran; it holds if no grid point that was not drawn "
+                              "costs more")
+    return cost
+
+
+def sweep_cost(sweep_dir: Path | str) -> dict[str, Any]:
+    """The sweep ledger of the sweep in `sweep_dir`, computed from its jobs' privacy ledgers."""
+    from dptrain.cli.sweep import job_dirs   # here: dptrain.cli.sweep imports this module
+
+    sweep_dir = Path(sweep_dir)
+    pairs = [_job_entry(sweep_dir, d) for d in job_dirs(sweep_dir)]
+    entries, histories = [e for e, _ in pairs], [h for _, h in pairs]
+    deltas = {d for d in _common(entries, "delta") if d is not None}
+    delta = min(deltas) if deltas else None     # the strictest delta of the jobs
+    accountants = _common(entries, "accountant")
+    # the jobs' accountant; RDP (an upper bound whatever the jobs used) when they differ
+    accountant = accountants.pop() if len(accountants) == 1 else TUNING_ACCOUNTANT
+    tuning = read_tuning(sweep_dir)
+    selection = ({"rule": "all", "note": "every job of the sweep is a candidate"}
+                 if tuning is None else {"rule": tuning["trials"]["distribution"],
+                                         "trials_drawn": len(tuning["jobs"]), **tuning["trials"]})
+    costs = {"all_composed": _all_composed(entries, histories, delta, accountant)}
+    if tuning is not None:
+        costs["random_stopping"] = _random_stopping(tuning, entries, histories, delta)
+    holding = [c["epsilon"] for c in costs.values() if c["epsilon"] is not None]
+    return {"schema_version": SWEEP_LEDGER_VERSION, "jobs": entries, "selection": selection,
+            "delta": delta, "cost": costs,
+            "epsilon": min(holding) if holding else None}
+
+
+def write_sweep_ledger(sweep_dir: Path | str) -> dict[str, Any]:
+    """Compute the sweep ledger and write it atomically to `sweep_dir/sweep_ledger.json`."""
+    ledger = sweep_cost(sweep_dir)
+    atomic_write_json(Path(sweep_dir) / SWEEP_LEDGER_FILENAME, ledger)
+    return ledger
+
+
+def describe_cost(ledger: dict[str, Any], jobs: int) -> str:
+    """One sentence: what releasing the best of `jobs` jobs costs, from a sweep ledger (or the
+    summary's `cost_of_best`): the table's caption, the plot's note."""
+    def eps(cost: dict[str, Any]) -> str:
+        value = cost.get("epsilon")
+        return "unknown" if value is None else f"epsilon {float(value):.4g}"
+
+    composed = ledger["cost"]["all_composed"]
+    at = f" at delta {ledger['delta']:g}" if ledger["delta"] is not None else ""
+    parts = [f"releasing the best job costs {eps(ledger)}{at}",
+             f"{jobs} job{'s' if jobs != 1 else ''} composed ({composed['accountant']}): "
+             f"{eps(composed)}"]
+    stopping = ledger["cost"].get("random_stopping")
+    if stopping is not None:
+        label = stopping["distribution"].replace("_", " ")
+        parts.append(f"random stopping ({label}, mean {stopping['mean_trials']:.3g} trials, rdp): "
+                     + (eps(stopping) if stopping["epsilon"] is not None else "does not hold"))
+    return "; ".join(parts)
+
+
+@dataclass
+class SweepVerification:
+    """Result of recomputing a sweep ledger from its jobs' ledgers."""
+
+    path: Path
+    claimed: float | None
+    recomputed: float | None
+    ok: bool
+    message: str
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is None or b is None or isinstance(a, str) or isinstance(b, str):
+        return a == b
+    return float(a) == float(b) or math.isclose(float(a), float(b), rel_tol=RELATIVE_TOLERANCE)
+
+
+def _differences(claimed: dict[str, Any], recomputed: dict[str, Any]) -> list[str]:
+    found = []
+    if [(j["job"], j.get("history_sha256")) for j in claimed.get("jobs", [])] != \
+            [(j["job"], j.get("history_sha256")) for j in recomputed["jobs"]]:
+        found.append("the jobs or their histories differ from the job folders' ledgers")
+    if claimed.get("selection") != json.loads(json.dumps(recomputed["selection"])):
+        found.append("the selection rule differs from tuning.json")
+    for name, cost in recomputed["cost"].items():
+        recorded = (claimed.get("cost") or {}).get(name) or {}
+        if not _same(recorded.get("epsilon"), _json_number(cost["epsilon"])):
+            found.append(f"cost.{name}.epsilon claims {recorded.get('epsilon')!r}, the jobs' "
+                         f"ledgers give {cost['epsilon']!r}")
+    if not _same(claimed.get("epsilon"), _json_number(recomputed["epsilon"])):
+        found.append(f"epsilon claims {claimed.get('epsilon')!r}, the jobs' ledgers give "
+                     f"{recomputed['epsilon']!r}")
+    return found
+
+
+def _json_number(value: Any) -> Any:
+    return "inf" if isinstance(value, float) and math.isinf(value) else value
+
+
+def verify_sweep_ledger(sweep_dir: Path | str) -> SweepVerification:
+    """Recompute the sweep ledger in `sweep_dir` from the jobs' ledgers and compare: ok when the
+    jobs, their histories, the selection and every epsilon agree (relative tolerance 1e-6)."""
+    path = Path(sweep_dir) / SWEEP_LEDGER_FILENAME
+    try:
+        claimed = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        return SweepVerification(path, None, None, False,
+                                 f"unreadable ({error}); rewrite it with `dptrain report "
+                                 f"{path.parent}` after deleting sweep_summary.json")
+    recomputed = sweep_cost(path.parent)
+    problems = _differences(claimed, recomputed)
+    message = "matches" if not problems else "MISMATCH: " + "; ".join(problems)
+    return SweepVerification(path, claimed.get("epsilon"), recomputed["epsilon"], not problems,
+                             message)
