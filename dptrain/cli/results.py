@@ -15,11 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dptrain.train.job import RunResult
+from dptrain.train.job import RESULT_FILENAME, RunResult
 from dptrain.train.ledger import LEDGER_FILENAME
 from dptrain.io import atomic_write_json
-
-RESULT_FILENAME = "result.json"
 
 
 def result_record(

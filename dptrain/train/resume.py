@@ -32,6 +32,7 @@ from dptrain.train.ledger import (
     load_ledger,
     same_config,
 )
+from dptrain.train.ledger_check import newest_checkpoint_step
 from dptrain.train.replay import replay_is_exact, still_charged
 from dptrain.train.settings import TrainSettings
 
@@ -116,7 +117,8 @@ class Resumer:
     def _previous_ledger(self) -> dict[str, Any] | None:
         if not (self.run_dir / LEDGER_FILENAME).exists():
             return None
-        return load_ledger(self.run_dir / LEDGER_FILENAME)  # ConfigError when corrupt
+        # ConfigError when corrupt, or when the run's records show more than its history
+        return load_ledger(self.run_dir / LEDGER_FILENAME, check_records=True)
 
     def _refuse_other_run(self, previous: dict[str, Any], path: Path | None) -> None:
         """ConfigError when the run folder's ledger belongs to another run: no resume asked, or
@@ -141,7 +143,7 @@ class Resumer:
         would not count. Refused (PrivacyError)."""
         if not (self.spend.private and self.job.privacy.secure_mode and previous):
             return
-        written = max((c["step"] for c in previous["checkpoints"]), default=0)
+        written = newest_checkpoint_step(previous)
         if written > int(state["step"]):
             raise PrivacyError(
                 f"Cannot resume from {str(path)!r} (train.resume) at step {state['step']}: with "
@@ -190,7 +192,7 @@ class Resumer:
         data, spend = self.ledger.data, self.spend
         same_start = previous.get("start_fingerprint") == data["start_fingerprint"]
         data["resumes"] = previous["resumes"]
-        data["checkpoints"] = previous["checkpoints"]   # files stay on disk: the record stays
+        self.ledger.carry_checkpoints(previous)
         data["start_fingerprint"] = previous.get("start_fingerprint")
         data["devices"] = sorted(set(previous.get("devices", ["unknown"])) | set(data["devices"]))
         carry_randomness(previous.get("mechanism"), data["mechanism"])
