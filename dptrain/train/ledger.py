@@ -40,7 +40,7 @@ from dptrain.accounting.history import (  # noqa: F401  (re-exported: the ledger
 from dptrain.errors import ConfigError, DPTrainError
 from dptrain.io import atomic_write_json, json_safe
 from dptrain.train.job import TrainingJob
-from dptrain.train.ledger_check import edited_ledger_error, record_mismatches
+from dptrain.train.ledger_check import edited_ledger_error, first_mismatch, record_mismatches
 from dptrain.train.settings import TrainSettings
 
 SCHEMA_VERSION = 1
@@ -634,8 +634,7 @@ def verify_ledger(path: Path | str, accountant: str | None = None,
         message = ("matches" if same else
                    f"MISMATCH: claims {claimed!r}, history gives {recomputed!r}")
     if records:
-        more = f" (and {len(records) - 1} more)" if len(records) > 1 else ""
-        message = (f"{message}; " if not same else "") + f"MISMATCH: {records[0]}{more}"
+        message = (f"{message}; " if not same else "") + f"MISMATCH: {first_mismatch(records)}"
     return Verification(path, name, claimed, recomputed, same and not records, message, records)
 
 

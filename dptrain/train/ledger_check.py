@@ -126,12 +126,17 @@ def record_mismatches(run_dir: Path, data: dict[str, Any], steps: int,
     return found
 
 
+def first_mismatch(mismatches: list[str]) -> str:
+    """The first of `record_mismatches` and how many more there are, for a one-line message."""
+    more = f" (and {len(mismatches) - 1} more)" if len(mismatches) > 1 else ""
+    return mismatches[0] + more
+
+
 def edited_ledger_error(path: Path, mismatches: list[str]) -> ConfigError:
     """The refusal to trust the ledger at `path` whose records show more than its history."""
-    more = f" (and {len(mismatches) - 1} more)" if len(mismatches) > 1 else ""
     return ConfigError(
         f"The privacy ledger {str(path)!r} holds a history that the run's own records exceed: "
-        f"{mismatches[0]}{more}. Its history was shortened or edited, so the epsilon it gives "
+        f"{first_mismatch(mismatches)}. Its history was shortened or edited, so the epsilon it gives "
         "would under-count what the run released, and the run cannot be resumed from it. Restore "
         "the ledger the run wrote (`dptrain-ledger` on the run folder names every record it "
         "contradicts), or start a new run in a new folder (hydra.run.dir). Nothing was changed.")
