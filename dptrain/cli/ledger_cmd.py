@@ -4,8 +4,10 @@ Each PATH is a `privacy_ledger.json`, a run folder holding one, or a sweep folde
 below it is checked, and its `sweep_ledger.json`, the cost of releasing the best job, is
 recomputed from the jobs' ledgers: `check_sweep_ledgers`). The table names each run by its folder, relative to the folder the runs
 share (said in the title), and folds what does not fit: it fits 80 columns. For each ledger the epsilon is recomputed from its history with the accountant
-(default: the run's) and compared with the ledger's claim. Exit status: 0 when every ledger is
-readable and matches within a relative tolerance of 1e-6, 1 otherwise, 2 for a bad PATH.
+(default: the run's) and compared with the ledger's claim, and the history is checked against the
+run's other records (dptrain.train.ledger_check: checkpoint entries, resumes, metrics.jsonl,
+result.json). Exit status: 0 when every ledger is readable, matches within a relative tolerance of
+1e-6 and no record shows more than its history, 1 otherwise, 2 for a bad PATH.
 """
 
 from __future__ import annotations

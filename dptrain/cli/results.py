@@ -16,11 +16,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dptrain.train.job import RunResult
+from dptrain.train.job import RESULT_FILENAME, RunResult
 from dptrain.train.ledger import LEDGER_FILENAME
 from dptrain.io import atomic_write_json
 
-RESULT_FILENAME = "result.json"
 PRIVATE = "private"   # the object of result.json holding the values epsilon does not cover
 PRIVATE_RESULT_KEYS = ("val_accuracy", "val_loss", "val_perplexity")
 PRIVATE_NOTICE = ("NOT covered by epsilon: the last evaluation on the validation examples held "

@@ -92,6 +92,11 @@ class TrainingJob:
     synthetic: bool = False                  # seeded random data (dataset.synthetic=true)
 
 
+# The file the `dptrain` command writes a job's RunResult to, in its run folder
+# (dptrain.cli.results).
+RESULT_FILENAME = "result.json"
+
+
 @dataclass
 class RunResult:
     """What a finished (or stopped) run reports back to the CLI and the sweep summary."""

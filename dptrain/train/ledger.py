@@ -21,7 +21,7 @@ import json
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ from dptrain.checks import default_delta  # noqa: F401  (re-exported: where it w
 from dptrain.errors import ConfigError, DPTrainError
 from dptrain.io import atomic_write_json, json_safe
 from dptrain.train.job import TrainingJob
+from dptrain.train.ledger_check import edited_ledger_error, first_mismatch, record_mismatches
 from dptrain.train.settings import TrainSettings
 
 SCHEMA_VERSION = 1
@@ -176,6 +177,16 @@ LEDGER_SCHEMA: dict[str, Any] = {
                                # the same name); absent in ledgers written before it was kept
                                "exists": {"type": "boolean"}},
             },
+        },
+        # the entries of checkpoint files no longer on disk, folded into a count with the largest
+        # step and epsilon among them; absent in ledgers written before, which kept each entry
+        # (`exists: false`)
+        "pruned_checkpoints": {
+            "type": "object",
+            "required": ["count", "max_step", "max_epsilon"],
+            "properties": {"count": {"type": "integer", "minimum": 0},
+                           "max_step": {"type": "integer", "minimum": 0},
+                           "max_epsilon": _NUMBER_OR_INF},
         },
         "resumes": {"type": "array", "items": {"type": "object"}},
         "start_fingerprint": {"type": ["string", "null"]},
@@ -401,17 +412,42 @@ class PrivacyLedger:
         return list(dict.fromkeys(reversed(paths)))[::-1]   # each path where it was last written
 
     def record_deleted(self, paths: Sequence[str]) -> None:
-        """Note that the checkpoint files `paths` were deleted; one write. Their entries stay in
-        `checkpoints` (with `exists: false`): the record of what was written is never shortened,
-        and every step in `history` stays charged whatever files remain."""
+        """Note that the checkpoint files `paths` were deleted; one write. Their entries are
+        folded into `pruned_checkpoints` (`_mark_gone`), and every step in `history` stays charged
+        whatever files remain."""
         self._mark_gone(paths)
         self.write()
 
+    def carry_checkpoints(self, previous: dict[str, Any]) -> None:
+        """On resume: keep the earlier process's record of the checkpoints written (the files stay
+        on disk: the record stays), the entries of files gone folded as `_mark_gone` does."""
+        self.data["checkpoints"] = list(previous["checkpoints"])
+        if "pruned_checkpoints" in previous:
+            self.data["pruned_checkpoints"] = dict(previous["pruned_checkpoints"])
+        self._mark_gone(())
+
     def _mark_gone(self, paths: Sequence[str]) -> None:
+        """Fold the entries of `paths`, and of files already known gone (`exists: false`, from
+        older ledgers), into `pruned_checkpoints`: their count, and the largest step and epsilon
+        any of them recorded (what the run's records are checked against: ledger_check). The
+        entries of files on disk stay as they are."""
         gone = set(paths)
+        kept, pruned = [], []
         for entry in self.data["checkpoints"]:
-            if entry["path"] in gone:
-                entry["exists"] = False
+            is_gone = entry["path"] in gone or entry.get("exists") is False
+            (pruned if is_gone else kept).append(entry)
+        if not pruned:
+            return
+        summary = self.data.get("pruned_checkpoints") or {"count": 0, "max_step": 0,
+                                                          "max_epsilon": None}
+        epsilons = [_as_float(e["epsilon"]) for e in pruned if e["epsilon"] is not None]
+        if summary["max_epsilon"] is not None:
+            epsilons.append(_as_float(summary["max_epsilon"]))
+        self.data["checkpoints"] = kept
+        self.data["pruned_checkpoints"] = {
+            "count": summary["count"] + len(pruned),
+            "max_step": max([summary["max_step"], *(int(e["step"]) for e in pruned)]),
+            "max_epsilon": max(epsilons, default=None)}
 
     def record_resume(self, checkpoint: str | None, step: int, discarded: int = 0,
                       charged: int = 0) -> None:
@@ -504,11 +540,12 @@ def consistency_errors(data: dict[str, Any]) -> list[str]:
     return errors
 
 
-def load_ledger(path: Path | str) -> dict[str, Any]:
+def load_ledger(path: Path | str, check_records: bool = False) -> dict[str, Any]:
     """Read and validate a ledger file (or a run folder holding one).
 
     Raises ConfigError naming the file when it is missing, truncated, not JSON, of another schema
-    version or inconsistent; the file is never modified.
+    version or inconsistent, and with `check_records` when a record of the run shows more steps
+    or epsilon than its history (`records_beyond_history`); the file is never modified.
     """
     path = Path(path)
     if path.is_dir():
@@ -528,7 +565,24 @@ def load_ledger(path: Path | str) -> dict[str, Any]:
         raise ConfigError(f"The privacy ledger {str(path)!r} does not match schema version "
                           f"{SCHEMA_VERSION}: " + "; ".join(problems[:5]) + ". It was written by "
                           "another dptrain version or edited by hand; it cannot be verified.")
+    mismatches = records_beyond_history(path, data) if check_records else []
+    if mismatches:
+        raise edited_ledger_error(path, mismatches)
     return data
+
+
+def records_beyond_history(path: Path | str, data: dict[str, Any]) -> list[str]:
+    """The records of the run (dptrain.train.ledger_check: the ledger's checkpoint entries and
+    resumes, metrics.jsonl and result.json beside the ledger file `path`) that show more steps,
+    or a larger epsilon under the run's accountant, than the ledger `data`'s history; [] for a
+    non-private ledger (it claims no epsilon)."""
+    if not data["private"]:
+        return []
+    path = Path(path)
+    run_dir = path if path.is_dir() else path.parent
+    history = history_from_json(data["history"])
+    return record_mismatches(run_dir, data, history_steps(history),
+                             epsilon_of(history, data["delta"], data["accountant"]))
 
 
 @dataclass
@@ -541,6 +595,8 @@ class Verification:
     recomputed: float | None     # compute_epsilon(history, delta, accountant)
     ok: bool
     message: str
+    # the run's records showing more steps or epsilon than the history (records_beyond_history)
+    records: list[str] = field(default_factory=list)
 
 
 def _claim_for(data: dict[str, Any], accountant: str) -> float | None:
@@ -552,10 +608,13 @@ def _claim_for(data: dict[str, Any], accountant: str) -> float | None:
 
 def verify_ledger(path: Path | str, accountant: str | None = None,
                   rel_tol: float = 1e-6) -> Verification:
-    """Recompute epsilon from a ledger's history and compare with what it claims.
+    """Recompute epsilon from a ledger's history, compare with what it claims, and check the
+    history against the run's other records.
 
     `accountant=None` uses the run's accountant. `ok` is False when the claim differs from the
-    recomputation by more than `rel_tol` (relative). A non-private ledger is ok with no epsilon.
+    recomputation by more than `rel_tol` (relative), or when a record of the run (its checkpoint
+    entries, resumes, metrics.jsonl, result.json: `records_beyond_history`) shows more steps or
+    epsilon than the history. A non-private ledger is ok with no epsilon.
     """
     data = load_ledger(path)
     path = Path(path)
@@ -567,12 +626,18 @@ def verify_ledger(path: Path | str, accountant: str | None = None,
                           f"{available_accountants()}.")
     recomputed = epsilon_of(history_from_json(data["history"]), data["delta"], name)
     claimed = _claim_for(data, name)
+    records = records_beyond_history(path, data)
     if claimed is None:
-        return Verification(path, name, None, recomputed, True,
-                            f"no claim under {name!r} in the ledger; recomputed only")
-    same = (claimed == recomputed) or math.isclose(claimed, recomputed, rel_tol=rel_tol, abs_tol=0.0)
-    message = "matches" if same else f"MISMATCH: claims {claimed!r}, history gives {recomputed!r}"
-    return Verification(path, name, claimed, recomputed, same, message)
+        message = f"no claim under {name!r} in the ledger; recomputed only"
+        same = True
+    else:
+        same = (claimed == recomputed) or math.isclose(claimed, recomputed, rel_tol=rel_tol,
+                                                       abs_tol=0.0)
+        message = ("matches" if same else
+                   f"MISMATCH: claims {claimed!r}, history gives {recomputed!r}")
+    if records:
+        message = (f"{message}; " if not same else "") + f"MISMATCH: {first_mismatch(records)}"
+    return Verification(path, name, claimed, recomputed, same and not records, message, records)
 
 
 # ----------------------------------------------------------------------------- a job's ledger

@@ -34,6 +34,7 @@ from dptrain.train.ledger import (
     same_config,
 )
 from dptrain.data.fingerprint import UNKNOWN
+from dptrain.train.ledger_check import newest_checkpoint_step
 from dptrain.train.replay import data_difference, replay_is_exact, still_charged
 from dptrain.train.settings import TrainSettings
 
@@ -122,7 +123,8 @@ class Resumer:
     def _previous_ledger(self) -> dict[str, Any] | None:
         if not (self.run_dir / LEDGER_FILENAME).exists():
             return None
-        return load_ledger(self.run_dir / LEDGER_FILENAME)  # ConfigError when corrupt
+        # ConfigError when corrupt, or when the run's records show more than its history
+        return load_ledger(self.run_dir / LEDGER_FILENAME, check_records=True)
 
     def _refuse_other_run(self, previous: dict[str, Any], path: Path | None) -> None:
         """ConfigError when the run folder's ledger belongs to another run: no resume asked, or
@@ -147,7 +149,7 @@ class Resumer:
         would not count. Refused (PrivacyError)."""
         if not (self.spend.private and self.job.privacy.secure_mode and previous):
             return
-        written = max((c["step"] for c in previous["checkpoints"]), default=0)
+        written = newest_checkpoint_step(previous)
         if written > int(state["step"]):
             raise PrivacyError(
                 f"Cannot resume from {str(path)!r} (train.resume) at step {state['step']}: with "
@@ -196,7 +198,7 @@ class Resumer:
         data, spend = self.ledger.data, self.spend
         same_start = previous.get("start_fingerprint") == data["start_fingerprint"]
         data["resumes"] = previous["resumes"]
-        data["checkpoints"] = previous["checkpoints"]   # files stay on disk: the record stays
+        self.ledger.carry_checkpoints(previous)
         data["start_fingerprint"] = previous.get("start_fingerprint")
         data["devices"] = sorted(set(previous.get("devices", ["unknown"])) | set(data["devices"]))
         recorded = self._recorded_data(previous, state)

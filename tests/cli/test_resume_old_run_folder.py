@@ -45,3 +45,13 @@ def test_an_old_run_whose_sampling_was_seeded_from_train_seed_stays_flagged_repr
     assert before["config"]["privacy"]["reproducible_noise"] is False
     assert ledger["mechanism"]["randomness"] == "reproducible"
     assert ledger["mechanism"]["randomness_note"] == EARLIER_REPRODUCIBLE_NOTE
+
+
+def test_an_old_run_folder_verifies_against_its_own_records_before_and_after_its_resume(
+        tmp_path, monkeypatch, capsys):
+    from dptrain.train.ledger import verify_ledger
+
+    assert verify_ledger(OLD_RUN).records == []            # metrics.jsonl, result.json, entries
+    _resume_old_run(tmp_path, monkeypatch, capsys)
+    result = verify_ledger(tmp_path / "run")
+    assert result.ok and result.records == [], result.message

@@ -1,5 +1,5 @@
 """train.keep_checkpoints: only the newest k epoch checkpoints stay on disk (last.pt and best.pt
-always); the ledger keeps the record of every file written, and every step stays charged."""
+always); the ledger lists the files on disk and counts the others, and every step stays charged."""
 
 from __future__ import annotations
 
@@ -28,9 +28,20 @@ def test_the_newest_k_epoch_checkpoints_and_last_stay_and_the_ledger_says_which_
     train(make_job(), make_settings(tmp_path, epochs=5, keep_checkpoints=2))
     ledger = load_ledger(tmp_path)
     assert _on_disk(tmp_path) == _existing(ledger) == ["epoch_4.pt", "epoch_5.pt", "last.pt"]
-    written = [(Path(c["path"]).name, c["step"]) for c in ledger["checkpoints"]]
-    assert written == [(name, epoch * STEPS_PER_EPOCH) for epoch in range(1, 6)
-                       for name in (f"epoch_{epoch}.pt", "last.pt")]   # the record stays whole
+
+
+def test_the_ledger_lists_the_checkpoints_on_disk_and_counts_the_pruned_ones(
+        tmp_path: Path) -> None:
+    """10 files written (epoch_N.pt and last.pt each epoch): the 3 on disk are listed, the 7
+    others (epoch_1..3.pt deleted, last.pt overwritten 4 times) counted with their largest step
+    and epsilon, which the ledger's verification still checks the history against."""
+    train(make_job(), make_settings(tmp_path, epochs=5, keep_checkpoints=2))   # the default
+    ledger = load_ledger(tmp_path)
+    listed = [(Path(c["path"]).name, c["step"], c["exists"]) for c in ledger["checkpoints"]]
+    assert listed == [("epoch_4.pt", 16, True), ("epoch_5.pt", 20, True), ("last.pt", 20, True)]
+    assert ledger["pruned_checkpoints"] == {
+        "count": 7, "max_step": 4 * STEPS_PER_EPOCH,
+        "max_epsilon": ledger["checkpoints"][0]["epsilon"]}   # epoch_4.pt's state: last.pt then
 
 
 def test_keep_checkpoints_zero_keeps_last_and_best_only(tmp_path: Path) -> None:

@@ -82,6 +82,25 @@ def test_ledger_writes_leave_no_temporary_files(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["privacy_ledger.json"]
 
 
+def test_a_ledger_listing_every_checkpoint_written_verifies_and_a_resume_folds_the_gone_ones(
+        tmp_path: Path) -> None:
+    """A ledger written before pruned entries were counted kept each one (`exists: false`)."""
+    train(make_job(), make_settings(tmp_path, epochs=2))   # epoch_1.pt, epoch_2.pt, last.pt
+    path = tmp_path / "privacy_ledger.json"
+    data = json.loads(path.read_text())
+    del data["pruned_checkpoints"]                          # last.pt at step 4, overwritten
+    data["checkpoints"].insert(1, {**data["checkpoints"][0], "path": "checkpoints/last.pt",
+                                   "exists": False})
+    path.write_text(json.dumps(data))
+    assert ledger_main([str(tmp_path)]) == 0
+    train(make_job(), make_settings(tmp_path, epochs=3, resume="auto"))
+    ledger = load_ledger(tmp_path)
+    assert [Path(c["path"]).name for c in ledger["checkpoints"]] == [
+        "epoch_1.pt", "epoch_2.pt", "epoch_3.pt", "last.pt"]
+    assert ledger["pruned_checkpoints"]["count"] == 2       # last.pt at steps 4 and 8
+    assert ledger["pruned_checkpoints"]["max_step"] == 8
+
+
 def test_merge_history_joins_identical_adjacent_runs_and_drops_empty_ones() -> None:
     runs = [(1.0, 0.1, 2), (1.0, 0.1, 3), (2.0, 0.1, 0), (2.0, 0.1, 1), (1.0, 0.1, 1)]
     assert merge_history(runs) == [(1.0, 0.1, 5), (2.0, 0.1, 1), (1.0, 0.1, 1)]

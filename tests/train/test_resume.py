@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trainer_support import Killed, final_weights, make_job, make_settings
+from test_trainer_support import Killed, final_weights, make_job, make_settings, rewrite_history
 
 from dptrain.train.loop import train
 
@@ -107,6 +107,19 @@ def test_secure_mode_resumes_from_the_newest_checkpoint(tmp_path: Path) -> None:
     result = train(make_job(private=True, secure=True), make_settings(tmp_path, epochs=3,
                                                                        resume="auto"))
     assert (result.status, result.steps) == ("completed", 12)
+
+
+def test_resume_over_a_ledger_whose_records_show_more_steps_than_its_history_is_refused(
+        tmp_path: Path) -> None:
+    from dptrain.errors import ConfigError
+
+    train(make_job(), make_settings(tmp_path, epochs=3))
+    rewrite_history(tmp_path, steps=2 * STEPS_PER_EPOCH)    # 12 steps taken, 8 in the history
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match=r"checkpoints/epoch_3.pt: step 12.*8 steps.*resumed"):
+        train(make_job(), make_settings(tmp_path, epochs=4, resume=str(
+            tmp_path / "checkpoints" / "epoch_1.pt")))
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
 def test_resume_drops_a_metrics_line_torn_by_a_crash(tmp_path: Path) -> None:

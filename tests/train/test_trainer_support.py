@@ -147,3 +147,30 @@ def crash(run_dir: Path, at_call: int, **job_kwargs: Any) -> dict:
         train(make_job(loss_fn=crash_at_call(at_call), **job_kwargs),
               make_settings(run_dir, epochs=3))
     return load_ledger(run_dir)
+
+
+def rewrite_history(run_dir: Path, steps: int | None = None, sigma: float | None = None) -> dict:
+    """Edit `run_dir`'s ledger as a careful forger would: keep the first `steps` steps of its
+    history (None: all), with noise multiplier `sigma` (None: as recorded), and recompute its
+    counts and every epsilon it claims, so that the ledger alone verifies. Returns the new
+    ledger."""
+    import json
+    import warnings
+
+    from dptrain.train.ledger import (LEDGER_FILENAME, epsilon_of, history_from_json,
+                                      history_steps, history_to_json, truncate_history)
+
+    path = Path(run_dir) / LEDGER_FILENAME
+    data = json.loads(path.read_text(encoding="utf-8"))
+    history = history_from_json(data["history"])
+    history = truncate_history(history, history_steps(history) if steps is None else steps)
+    history = [(sigma or s, q, n) for s, q, n in history]
+    data["history"] = history_to_json(history)
+    data["steps_completed"], data["committed_ahead"] = history_steps(history), 0
+    data["epsilon"] = epsilon_of(history, data["delta"], data["accountant"])
+    with warnings.catch_warnings():   # gdp warns that it is an approximation
+        warnings.simplefilter("ignore", UserWarning)
+        for name, claim in data["epsilon_by_accountant"].items():
+            claim["epsilon"] = epsilon_of(history, data["delta"], name)
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return data
