@@ -131,7 +131,8 @@ def _read_checkpoint(path: Path) -> dict[str, Any]:
     weights_only=True."""
     data = path.read_bytes()
     if data.startswith(MAGIC):
-        payload, origin = _payload_v2(path, data), "dptrain never writes those: it was made or altered elsewhere"
+        payload = _payload_v2(path, data)
+        origin = "dptrain never writes those: the file was made or altered elsewhere"
     else:
         payload, origin = _payload_v1(path, data), "format version 1, of an older dptrain"
     state = _read_torch(path, payload, f"holds objects other than tensors and plain data "
