@@ -1,17 +1,25 @@
 """Checkpoints: atomic, integrity-checked snapshots of everything a run needs to continue exactly.
 
-A checkpoint file is `torch.save({"format", "version", "sha256", "payload"})`, where `payload` is
-the `torch.save` bytes of the state dict and `sha256` their digest, so a truncated or bit-flipped
-file is refused with a clear error instead of silently loading wrong weights. Read one with
-`load_checkpoint(path)` (the state: "model" is the unwrapped model's state_dict).
+A checkpoint file (format version 2) is a fixed header followed by the payload: `MAGIC`, then
+`HEADER` (the format version, the SHA-256 of the payload, the payload's length in bytes), then
+the `torch.save` bytes of the state dict. The digest is checked before anything is deserialised,
+so a truncated or bit-flipped file is refused with a clear error instead of silently loading wrong
+weights, and the payload is read with `torch.load(weights_only=True)`: tensors and plain Python
+data only, so a crafted file cannot run code when it is loaded (the digest guards against damage,
+not against a forger, who can compute it). Version-1 files (a `torch.save` envelope around the
+payload) are read when both parts load with `weights_only=True`, and refused otherwise. When a
+file is refused as damaged, the message names the newest checkpoint beside it that still loads
+(`last.pt` is a hard link to the newest epoch checkpoint: both are damaged together). Read one
+with `load_checkpoint(path)` (the state: "model" is the unwrapped model's state_dict).
 
 The state holds the model, the optimizer, the engine/accountant state, the RNG states (torch,
 numpy, python, CUDA), every `torch.Generator` of the loader and the optimizer (the Poisson
 sampler's and the noise generator only when they are reproducible, `resumable_generators`), the
 step, the epoch, the config with its hash and the training data's fingerprint
-(`data_fingerprint`: dptrain.data.fingerprint). A checkpoint is resume state, not a file to share:
-with a reproducible mechanism it holds the generators' states, from which the noise and the
-batches can be rebuilt.
+(`data_fingerprint`: dptrain.data.fingerprint): tensors, numbers, strings, lists, tuples and dicts
+(no other class), which `weights_only=True` reads. A checkpoint is resume state, not a file to
+share: with a reproducible mechanism it holds the generators' states, from which the noise and
+the batches can be rebuilt.
 The model to release is written by `save_weights` (the weights alone). `Checkpointer` writes a
 run's checkpoints and model files and records the checkpoints in its ledger.
 """
@@ -21,7 +29,9 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
 import random
+import struct
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -30,6 +40,7 @@ import numpy as np
 import torch
 
 from dptrain.train.budget import PrivacySpend
+from dptrain.train.display import shown_path
 from dptrain.train.job import Position, TrainingJob, unwrap
 from dptrain.train.ledger import PrivacyLedger, config_differences, refresh_layer_strategies, same_config
 from dptrain.train.replay import start_fingerprint
@@ -39,7 +50,12 @@ from dptrain.errors import ConfigError
 from dptrain.io import atomic_write_bytes, fsync_dir
 
 CHECKPOINT_FORMAT = "dptrain-checkpoint"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+# A version-2 file: MAGIC, HEADER (version: uint16, SHA-256 of the payload: 32 bytes, payload
+# length: uint64 bytes; big-endian), then the payload (the state's `torch.save` bytes).
+MAGIC = CHECKPOINT_FORMAT.encode("ascii") + b"\n"
+HEADER = struct.Struct(">H32sQ")
 CHECKPOINT_DIRNAME = "checkpoints"
 LAST, BEST = "last.pt", "best.pt"   # checkpoint names: the newest state, the best on validation
 # The released model files (weights only, in the run folder): the final model, the best one.
@@ -57,11 +73,10 @@ def save_checkpoint(path: Path | str, state: dict[str, Any]) -> str | None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = _to_bytes(state)
-    digest = hashlib.sha256(payload).hexdigest()
-    envelope = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "sha256": digest,
-                "payload": payload}
-    atomic_write_bytes(path, _to_bytes(envelope))
-    return digest
+    digest = hashlib.sha256(payload)
+    header = HEADER.pack(CHECKPOINT_VERSION, digest.digest(), len(payload))
+    atomic_write_bytes(path, MAGIC + header + payload)
+    return digest.hexdigest()
 
 
 def link_checkpoint(source: Path | str, target: Path | str) -> None:
@@ -89,48 +104,159 @@ def _to_bytes(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
+class _Unreadable(ConfigError):
+    """A checkpoint file that cannot be used as it is (truncated, corrupt, or holding more than
+    tensors and plain data); `load_checkpoint` adds where to resume from instead."""
+
+
 def load_checkpoint(path: Path | str) -> dict[str, Any]:
-    """Read and check a checkpoint; raises ConfigError (naming the file) when it is missing,
-    truncated, corrupt or not a dptrain checkpoint. The file is never modified."""
+    """Read and check a checkpoint without running any code a file may hold.
+
+    Raises ConfigError naming the file when it is missing, not a dptrain checkpoint, of another
+    format version, incomplete, or truncated, corrupt or unsafe; these last refusals also name
+    the newest checkpoint beside it that still loads, or say that none does. No file is modified.
+    """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"No checkpoint at {str(path)!r} (train.resume): pass an existing "
                           f"checkpoint file, or `auto` for the newest in <run_dir>/"
                           f"{CHECKPOINT_DIRNAME}.")
-    envelope = _read_torch(path, path.read_bytes(), "file")
-    if not isinstance(envelope, dict) or envelope.get("format") != CHECKPOINT_FORMAT:
-        raise ConfigError(f"{str(path)!r} (train.resume) is not a dptrain checkpoint; pass a file "
-                          f"written by dptrain into <run_dir>/{CHECKPOINT_DIRNAME}.")
-    if envelope.get("version") != CHECKPOINT_VERSION:
-        raise ConfigError(f"Checkpoint {str(path)!r} has format version "
-                          f"{envelope.get('version')!r}; this dptrain reads version "
-                          f"{CHECKPOINT_VERSION}. Resume it with the dptrain that wrote it.")
-    payload = envelope["payload"]
-    if hashlib.sha256(payload).hexdigest() != envelope["sha256"]:
-        raise ConfigError(f"Checkpoint {str(path)!r} is corrupt (its SHA-256 does not match); "
-                          "resume from another checkpoint of the run or start again.")
-    state = _read_torch(path, payload, "payload")
-    missing = [k for k in REQUIRED_KEYS if k not in state]
+    try:
+        return _read_checkpoint(path)
+    except _Unreadable as refusal:
+        raise ConfigError(f"{refusal} Nothing was overwritten. {_still_loading(path)}") from (
+            refusal.__cause__)
+
+
+def _read_checkpoint(path: Path) -> dict[str, Any]:
+    """The state in the checkpoint file `path`: the digest checked, then the payload read with
+    weights_only=True."""
+    data = path.read_bytes()
+    if data.startswith(MAGIC):
+        payload = _payload_v2(path, data)
+        origin = "dptrain never writes those: the file was made or altered elsewhere"
+    else:
+        payload, origin = _payload_v1(path, data), "format version 1, of an older dptrain"
+    state = _read_torch(path, payload, f"holds objects other than tensors and plain data "
+                        f"({origin})")
+    missing = ([k for k in REQUIRED_KEYS if k not in state] if isinstance(state, dict)
+               else list(REQUIRED_KEYS))
     if missing:
         raise ConfigError(f"Checkpoint {str(path)!r} lacks {missing}; it is incomplete and "
                           "cannot be resumed.")
     return state
 
 
-def _read_torch(path: Path, data: bytes, what: str) -> Any:
+def _payload_v2(path: Path, data: bytes) -> memoryview:
+    """The payload of a version-2 file (`data` starts with MAGIC), its length and digest checked
+    against the header."""
+    body = memoryview(data)[len(MAGIC):]
+    if len(body) < HEADER.size:
+        raise _Unreadable(f"Checkpoint {str(path)!r} is truncated or corrupt (its header is "
+                          f"incomplete: {len(body)} of {HEADER.size} bytes).")
+    version, digest, length = HEADER.unpack_from(body)
+    if version != CHECKPOINT_VERSION:
+        raise _version_refusal(path, version)
+    payload = body[HEADER.size:]
+    if len(payload) != length:
+        raise _Unreadable(f"Checkpoint {str(path)!r} is truncated or corrupt (its payload is "
+                          f"{len(payload)} bytes, its header says {length}).")
+    _check_digest(path, payload, digest.hex())
+    return payload
+
+
+def _payload_v1(path: Path, data: bytes) -> bytes:
+    """The payload of a version-1 file (a `torch.save` envelope {"format", "version", "sha256",
+    "payload"}), the envelope read with weights_only=True and the digest checked; ConfigError
+    when `data` is another torch file."""
+    envelope = _read_torch(path, data, "is not a dptrain checkpoint, or is a truncated or corrupt "
+                           "one, or holds objects other than tensors and plain data")
+    if not isinstance(envelope, dict) or envelope.get("format") != CHECKPOINT_FORMAT:
+        raise ConfigError(f"{str(path)!r} (train.resume) is not a dptrain checkpoint; pass a file "
+                          f"written by dptrain into <run_dir>/{CHECKPOINT_DIRNAME}.")
+    if envelope.get("version") != 1:
+        raise _version_refusal(path, envelope.get("version"))
+    payload, digest = envelope.get("payload"), envelope.get("sha256")
+    if not isinstance(payload, bytes) or not isinstance(digest, str):
+        raise _Unreadable(f"Checkpoint {str(path)!r} is corrupt (its envelope lacks the payload "
+                          "or its SHA-256).")
+    _check_digest(path, payload, digest)
+    return payload
+
+
+def _check_digest(path: Path, payload: bytes | memoryview, digest: str) -> None:
+    """Refuse `payload` unless its SHA-256 is `digest` (hex), before anything in it is read."""
+    if hashlib.sha256(payload).hexdigest() != digest:
+        raise _Unreadable(f"Checkpoint {str(path)!r} is corrupt (its SHA-256 does not match the "
+                          "one written with it).")
+
+
+def _version_refusal(path: Path, version: Any) -> ConfigError:
+    return ConfigError(f"Checkpoint {str(path)!r} has format version {version!r}; this dptrain "
+                       f"reads versions {list(READABLE_VERSIONS)}. Resume it with the dptrain "
+                       "that wrote it.")
+
+
+def _read_torch(path: Path, data: bytes | memoryview, problem: str) -> Any:
+    """`torch.load(weights_only=True)` of `data`: tensors and plain Python data only, never code.
+    Anything else, or unreadable bytes, is refused: "Checkpoint <path> <problem>: ..."."""
     try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-    except Exception as err:
-        raise ConfigError(f"Checkpoint {str(path)!r} is truncated or corrupt (its {what} cannot "
-                          f"be read: {type(err).__name__}); resume from another checkpoint of "
-                          "the run or start again. Nothing was overwritten.") from err
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise _Unreadable(f"Checkpoint {str(path)!r} {problem}: torch.load(weights_only=True) "
+                          "refuses it, and dptrain loads checkpoints in no other way, since "
+                          "unpickling other objects could run code.") from err
+    except Exception as err:  # torch raises many types for damaged files
+        raise _Unreadable(f"Checkpoint {str(path)!r} {problem}: it cannot be read "
+                          f"({type(err).__name__}).") from err
+
+
+def _still_loading(path: Path) -> str:
+    """Sentences naming the newest checkpoint beside the refused `path` that loads (another file
+    than `path`: its hard links are damaged with it), with the `train.resume` value to resume
+    from it, or saying that none does."""
+    folder = path.parent
+    candidates = _newest_first(folder)
+    links = [c.name for c in candidates if c.name != path.name and _same_file(c, path)]
+    said = (f"{', '.join(links)} {'is' if len(links) == 1 else 'are'} the same file (a hard "
+            "link) and damaged with it. ") if links else ""
+    for candidate in candidates:
+        if _same_file(candidate, path):
+            continue
+        try:
+            state = _read_checkpoint(candidate)
+        except (ConfigError, OSError):
+            continue
+        shown = shown_path(candidate)
+        return (f"{said}The newest checkpoint in {shown_path(folder)} that still loads is "
+                f"{shown} (step {state['step']}, epoch {state['epoch']}): resume from it with "
+                f"train.resume={shown}.")
+    return (f"{said}No other checkpoint in {shown_path(folder)} loads: start again in a new run "
+            "folder.")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _newest_first(folder: Path) -> list[Path]:
+    """The `*.pt` files in `folder`, the most recently written first (`last.pt` first among
+    files written at the same time, e.g. hard links to one checkpoint)."""
+    def written(path: Path) -> tuple[int, bool, str]:
+        try:
+            return path.stat().st_mtime_ns, path.name == LAST, path.name
+        except OSError:
+            return -1, False, path.name
+    return sorted(folder.glob("*.pt"), key=written, reverse=True)
 
 
 def latest_checkpoint(run_dir: Path | str) -> Path | None:
     """The most recently written `*.pt` in `run_dir/checkpoints` (None when there is none)."""
-    folder = Path(run_dir) / CHECKPOINT_DIRNAME
-    candidates = sorted(folder.glob("*.pt"), key=lambda p: (p.stat().st_mtime_ns, p.name == "last.pt"))
-    return candidates[-1] if candidates else None
+    candidates = _newest_first(Path(run_dir) / CHECKPOINT_DIRNAME)
+    return candidates[0] if candidates else None
 
 
 def resolve_resume(resume: str | None, run_dir: Path | str) -> Path | None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dptrain_runner import QUIET, run_in_process
+from dptrain_runner import QUIET, run_dptrain, run_in_process
 
 from dptrain.train.checkpoint import load_checkpoint
 from dptrain.train.ledger import epsilon_of, history_from_json, load_ledger
@@ -134,3 +134,20 @@ def test_resuming_over_a_changed_training_record_charges_the_replayed_steps_agai
     assert len(set(ledger["dataset"]["fingerprints"])) == 2
     assert ("8 steps an earlier process took beyond it stay charged: the training data differ "
             "from the data they were computed on") in out
+
+
+def test_resume_auto_from_a_damaged_last_checkpoint_names_the_newest_checkpoint_that_still_loads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _dptrain(["hydra.run.dir=run", "train.keep_checkpoints=null"], tmp_path, monkeypatch, capsys)
+    last = tmp_path / "run" / "checkpoints" / "last.pt"    # a hard link to epoch_2.pt
+    with last.open("r+b") as handle:                       # a disk fault: both damaged
+        handle.seek(300)
+        handle.write(b"\0" * 64)
+    done = run_dptrain([*RUN, "hydra.run.dir=run", "train.keep_checkpoints=null",
+                        "train.resume=auto"], tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "run/checkpoints/last.pt' is corrupt" in done.stderr
+    assert "epoch_2.pt is the same file (a hard link) and damaged with it" in done.stderr
+    assert ("The newest checkpoint in run/checkpoints that still loads is "
+            "run/checkpoints/epoch_1.pt (step 12, epoch 1): resume from it with "
+            "train.resume=run/checkpoints/epoch_1.pt.") in " ".join(done.stderr.split())

@@ -5,6 +5,11 @@ pickled dict with `data` (uint8 [n, 3072], channel-major 3x32x32 rows) and `labe
 `batches.meta` holds `label_names`. With `download=True` torchvision fetches the archive. Inputs are
 float32 [3, 32, 32] normalized per channel (mean 0.4914, 0.4822, 0.4465; std 0.2470, 0.2435,
 0.2616).
+
+The batches are unpickled by `_BatchUnpickler`, which resolves only the few numpy functions that
+rebuild an array (`ALLOWED_GLOBALS`): a file that names any other class or function (which
+unpickling would call: arbitrary code) is refused unread, so a folder received from someone else
+cannot run code.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dptrain.data.datasets.base import (
     download_failed,
     require_files,
 )
+from dptrain.errors import ConfigError
 from dptrain.data.datasets.synthetic import SyntheticSpec, synthetic_splits
 
 FOLDER = "cifar-10-batches-py"
@@ -31,9 +37,55 @@ TRANSFORM = Normalize(255.0, mean=(0.4914, 0.4822, 0.4465), std=(0.2470, 0.2435,
 SPEC = SyntheticSpec(50_000, 10_000, (3, 32, 32), 10, 256, transform=TRANSFORM)
 
 
+def _latin1_encode(text: str, encoding: str = "utf-8") -> bytes:
+    """`_codecs.encode` as Python 3 pickles bytes at protocol 2, for the latin-1 codec only."""
+    if encoding.replace("-", "").replace("_", "").lower() != "latin1":
+        raise pickle.UnpicklingError(f"_codecs.encode with the {encoding!r} codec")
+    return text.encode("latin-1")
+
+
+_ARRAY = np.zeros(1, dtype=np.uint8)
+# (module, name) -> the object: what pickled numpy arrays and bytes need, under the module paths
+# numpy 1 and numpy 2 write (`numpy.core` became `numpy._core`).
+ALLOWED_GLOBALS: dict[tuple[str, str], object] = {
+    **{(f"numpy.{core}.multiarray", "_reconstruct"): _ARRAY.__reduce__()[0]
+       for core in ("core", "_core")},
+    **{(f"numpy.{core}.numeric", "_frombuffer"): _ARRAY.__reduce_ex__(5)[0]
+       for core in ("core", "_core")},
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    ("_codecs", "encode"): _latin1_encode,
+}
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """An unpickler that resolves only ALLOWED_GLOBALS (numpy arrays, bytes), never code."""
+
+    def find_class(self, module: str, name: str) -> object:
+        if (module, name) not in ALLOWED_GLOBALS:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which no CIFAR-10 batch "
+                                         "holds")
+        return ALLOWED_GLOBALS[(module, name)]
+
+
 def _unpickle(path: Path) -> dict:
-    with path.open("rb") as handle:
-        entry = pickle.load(handle, encoding="latin1")
+    """The dict in the CIFAR-10 python batch `path`, with str keys; ConfigError naming the file
+    when it is not one (or asks to run code)."""
+    try:
+        with path.open("rb") as handle:
+            entry = _BatchUnpickler(handle, encoding="latin1").load()
+    except Exception as error:  # unpickling raises many types on a damaged file
+        raise ConfigError(
+            f"dataset 'cifar10': {path} cannot be read as a CIFAR-10 python batch "
+            f"({type(error).__name__}: {error}). A batch holds numpy arrays, lists and bytes "
+            "only; any other object is refused unread, since unpickling it could run code. "
+            "Replace the folder with the original cifar-10-batches-py (dataset.download=true "
+            "fetches it)."
+        ) from error
+    if not isinstance(entry, dict):
+        raise ConfigError(f"dataset 'cifar10': {path} holds a {type(entry).__name__}, not the "
+                          "dict of a CIFAR-10 python batch; replace the folder with the original "
+                          "cifar-10-batches-py (dataset.download=true fetches it).")
     return {(k.decode() if isinstance(k, bytes) else k): v for k, v in entry.items()}
 
 

@@ -50,9 +50,11 @@ CIFAR10_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog",
                  "truck"]
 
 
-def write_cifar10(root: Path, per_batch: int = 3, seed: int = 0) -> dict[str, dict]:
-    """root/cifar-10-batches-py/: data_batch_1..5 and test_batch (pickled dicts with uint8
-    data [per_batch, 3072] and labels) and batches.meta; returns batch name -> dict."""
+def write_cifar10(root: Path, per_batch: int = 3, seed: int = 0,
+                  protocol: int = pickle.DEFAULT_PROTOCOL) -> dict[str, dict]:
+    """root/cifar-10-batches-py/: data_batch_1..5 and test_batch (dicts with uint8 data
+    [per_batch, 3072] and labels, pickled at `protocol`) and batches.meta; returns batch name ->
+    dict."""
     rng = np.random.default_rng(seed)
     folder = root / "cifar-10-batches-py"
     folder.mkdir(parents=True)
@@ -64,14 +66,14 @@ def write_cifar10(root: Path, per_batch: int = 3, seed: int = 0) -> dict[str, di
             b"labels": rng.integers(0, 10, per_batch).tolist(),
             b"filenames": [b"x.png"] * per_batch,
         }
-        (folder / name).write_bytes(pickle.dumps(entry))
+        (folder / name).write_bytes(pickle.dumps(entry, protocol=protocol))
         batches[name] = entry
     meta = {
         b"label_names": [n.encode() for n in CIFAR10_NAMES],
         b"num_cases_per_batch": per_batch,
         b"num_vis": 3072,
     }
-    (folder / "batches.meta").write_bytes(pickle.dumps(meta))
+    (folder / "batches.meta").write_bytes(pickle.dumps(meta, protocol=protocol))
     return batches
 
 

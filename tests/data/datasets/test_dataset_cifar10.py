@@ -1,5 +1,7 @@
 """CIFAR-10 read from python pickle batches written by the test in the real format."""
 
+import pickle
+
 import pytest
 import torch
 
@@ -37,3 +39,32 @@ def test_cifar10_missing_offline_names_the_path_and_the_download_flag(tmp_path):
     with pytest.raises(ConfigError, match="dataset.download=true") as error:
         load_dataset("cifar10", root=tmp_path)
     assert "cifar-10-batches-py" in str(error.value)
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_cifar10_batches_pickled_at_any_protocol_are_read(tmp_path, protocol):
+    batches = write_cifar10(tmp_path, protocol=protocol)
+    splits = load_dataset("cifar10", root=tmp_path)
+    assert splits.test.labels.tolist() == batches["test_batch"][b"labels"]
+    assert splits.info["classes"] == CIFAR10_NAMES
+
+
+class _WritesMarker:
+    """Unpickled, it creates the file `marker` (what a crafted batch could do with any code)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), "w")
+
+
+def test_a_cifar10_batch_that_would_run_code_is_refused_naming_the_file(tmp_path):
+    write_cifar10(tmp_path)
+    batch = tmp_path / "cifar-10-batches-py" / "data_batch_3"
+    marker = tmp_path / "code_ran"
+    batch.write_bytes(pickle.dumps({b"data": _WritesMarker(marker), b"labels": [0]}))
+    with pytest.raises(ConfigError, match="it names io.open") as refused:
+        load_dataset("cifar10", root=tmp_path)
+    assert not marker.exists()
+    assert str(batch) in str(refused.value) and "dataset.download=true" in str(refused.value)
