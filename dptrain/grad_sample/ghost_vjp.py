@@ -14,6 +14,10 @@ clipped-sum rule (``ghost_registry.register_clipped_sum``): no per-sample gradie
 cost of one extra forward and backward of that layer. The layer's forward must be deterministic:
 a re-run that draws random numbers (dropout inside the layer) would not reproduce the recorded
 call, so the clipped sum would not be the one whose norms were clipped; it is refused.
+
+A layer with 16-bit parameters is re-run in float32 (its parameters, buffers and floating inputs
+converted): a 16-bit backward would round the clipped sum, and with it each sample's contribution,
+to 16 bits (up to 2^-8 of it above the clipping bound in bf16).
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from dptrain.errors import UnsupportedModuleError
+from dptrain.grad_sample.ghost_math import norm_dtype, promoted
 
 
 def _params_by_weights(
@@ -65,24 +70,38 @@ def vjp_clipped_sums(
         batch_dim: 0 for batch-first models, 1 for sequence-first.
 
     Returns:
-        ``{param: Tensor[*param.shape]}`` in the dtype of the re-run's output.
+        ``{param: Tensor[*param.shape]}`` in the dtype of the re-run's output (float32 for a layer
+        with 16-bit parameters).
     """
     own = [(n, p) for n, p in layer.named_parameters(recurse=False) if p in weights]
+    promote = any(norm_dtype(p) != p.dtype for _, p in own)
     before = _rng_states(backprops.device)
-    fixed = {n: p.detach() for n, p in layer.named_parameters(recurse=False)}
+    fixed = _layer_state(layer, promote)
+    if promote:
+        args, kwargs = tree_map(promoted, (args, kwargs))
+    g = backprops.to(norm_dtype(backprops))
     sums: dict[nn.Parameter, Tensor] = {}
     for w, members in _params_by_weights(own, weights):
-        theta = {n: p.detach().requires_grad_(True) for n, p in members}
+        theta = {n: fixed[n].detach().requires_grad_(True) for n, _ in members}
         with torch.enable_grad():
             output = tree_leaves(functional_call(layer, {**fixed, **theta}, args, kwargs, strict=False))[out_leaf]
-            scaled = backprops * w.to(backprops.dtype).view(-1, *([1] * (backprops.dim() - 1)))
+            scaled = g * w.to(g.dtype).view(-1, *([1] * (g.dim() - 1)))
             cotangent = scaled.movedim(0, batch_dim).to(output.dtype)
             grads = torch.autograd.grad(output, list(theta.values()), cotangent, allow_unused=True)
-        for (_, p), g in zip(members, grads):
-            sums[p] = torch.zeros_like(p, dtype=output.dtype) if g is None else g
+        for (_, p), grad in zip(members, grads):
+            sums[p] = torch.zeros_like(p, dtype=output.dtype) if grad is None else grad
     if not _same_states(before, _rng_states(backprops.device)):
         raise _random_forward_error(layer)
     return sums
+
+
+def _layer_state(layer: nn.Module, promote: bool) -> dict[str, Tensor]:
+    """The tensors the re-run uses: the layer's own parameters, detached (no gradient reaches the
+    other ones); with ``promote``, every parameter and buffer of the layer and its children, in
+    float32 where they are 16-bit (a float32 re-run must not meet a 16-bit weight)."""
+    if not promote:
+        return {n: p.detach() for n, p in layer.named_parameters(recurse=False)}
+    return {n: promoted(t) for n, t in [*layer.named_parameters(), *layer.named_buffers()]}
 
 
 def _rng_states(device: torch.device) -> list[Tensor]:
