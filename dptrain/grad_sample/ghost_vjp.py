@@ -15,9 +15,10 @@ cost of one extra forward and backward of that layer. The layer's forward must b
 a re-run that draws random numbers (dropout inside the layer) would not reproduce the recorded
 call, so the clipped sum would not be the one whose norms were clipped; it is refused.
 
-A layer with 16-bit parameters is re-run in float32 (its parameters, buffers and floating inputs
-converted): a 16-bit backward would round the clipped sum, and with it each sample's contribution,
-to 16 bits (up to 2^-8 of it above the clipping bound in bf16).
+The re-run is in float32 at least, outside autocast (16-bit parameters, buffers and recorded inputs
+converted: bf16 weights, or inputs recorded under bf16 autocast): a 16-bit backward would round the clipped sum,
+and with it each sample's contribution, to 16 bits (up to 2^-8 of it above the clipping bound in
+bf16).
 """
 
 from __future__ import annotations
@@ -70,20 +71,17 @@ def vjp_clipped_sums(
         batch_dim: 0 for batch-first models, 1 for sequence-first.
 
     Returns:
-        ``{param: Tensor[*param.shape]}`` in the dtype of the re-run's output (float32 for a layer
-        with 16-bit parameters).
+        ``{param: Tensor[*param.shape]}`` in the dtype of the re-run's output (float32 or float64).
     """
     own = [(n, p) for n, p in layer.named_parameters(recurse=False) if p in weights]
-    promote = any(norm_dtype(p) != p.dtype for _, p in own)
     before = _rng_states(backprops.device)
-    fixed = _layer_state(layer, promote)
-    if promote:
-        args, kwargs = tree_map(promoted, (args, kwargs))
+    fixed = {n: promoted(t) for n, t in [*layer.named_parameters(), *layer.named_buffers()]}
+    args, kwargs = tree_map(promoted, (args, kwargs))
     g = backprops.to(norm_dtype(backprops))
     sums: dict[nn.Parameter, Tensor] = {}
     for w, members in _params_by_weights(own, weights):
         theta = {n: fixed[n].detach().requires_grad_(True) for n, _ in members}
-        with torch.enable_grad():
+        with torch.enable_grad(), torch.autocast(backprops.device.type, enabled=False):
             output = tree_leaves(functional_call(layer, {**fixed, **theta}, args, kwargs, strict=False))[out_leaf]
             scaled = g * w.to(g.dtype).view(-1, *([1] * (g.dim() - 1)))
             cotangent = scaled.movedim(0, batch_dim).to(output.dtype)
@@ -93,15 +91,6 @@ def vjp_clipped_sums(
     if not _same_states(before, _rng_states(backprops.device)):
         raise _random_forward_error(layer)
     return sums
-
-
-def _layer_state(layer: nn.Module, promote: bool) -> dict[str, Tensor]:
-    """The tensors the re-run uses: the layer's own parameters, detached (no gradient reaches the
-    other ones); with ``promote``, every parameter and buffer of the layer and its children, in
-    float32 where they are 16-bit (a float32 re-run must not meet a 16-bit weight)."""
-    if not promote:
-        return {n: p.detach() for n, p in layer.named_parameters(recurse=False)}
-    return {n: promoted(t) for n, t in [*layer.named_parameters(), *layer.named_buffers()]}
 
 
 def _rng_states(device: torch.device) -> list[Tensor]:

@@ -328,7 +328,8 @@ SIXTEEN_BIT = [torch.bfloat16, torch.float16]
 
 def _sixteen_bit_model(dtype: torch.dtype, seed: int) -> torch.nn.Module:
     """Embedding -> Conv1d -> LayerNorm -> Linear in `dtype`: every clipped-sum route of ghost
-    mode (embedding rule, conv kernel, the normalisation layer's re-run, outer products)."""
+    mode (embedding rule, conv kernel, outer products, and with strategy="ghost" the
+    normalisation layer's re-run)."""
     torch.manual_seed(seed)
 
     class Net(torch.nn.Module):
@@ -352,9 +353,15 @@ def _sixteen_bit_source(model: torch.nn.Module, mode: str):
     return GhostClippingModule(model, loss_reduction="sum", strategy=mode)
 
 
-def _noise_free_sum_of_one_example(dtype, mode, clipping, seed, C):
+#: (weights' dtype, autocast dtype or None): bf16 and fp16 weights, bf16 autocast of float32 weights.
+PRECISIONS = {"bf16": (torch.bfloat16, None), "fp16": (torch.float16, None),
+              "bf16-autocast": (torch.float32, torch.bfloat16)}
+
+
+def _noise_free_sum_of_one_example(precision, mode, clipping, seed, C):
     """{p: float64 copy of p.summed_grad} read by a step hook, after one step on ONE example whose
     gradient norm is far above C, and the clipper."""
+    dtype, autocast = PRECISIONS[precision]
     model = _sixteen_bit_model(dtype, seed)
     source = _sixteen_bit_source(model, mode)
     params = list(model.parameters())
@@ -366,18 +373,20 @@ def _noise_free_sum_of_one_example(dtype, mode, clipping, seed, C):
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, 20, (1, 6), generator=gen)
     target = torch.randint(0, 5, (1,), generator=gen)
-    torch.nn.functional.cross_entropy(source(ids).float(), target, reduction="sum").backward()
+    with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        logits = source(ids)
+    torch.nn.functional.cross_entropy(logits.float(), target, reduction="sum").backward()
     dp.step()
     return seen, clipper
 
 
 @pytest.mark.parametrize("clipping", ["flat", "per_layer"])
 @pytest.mark.parametrize("mode", ["hooks", "ghost", "instantiate"])
-@pytest.mark.parametrize("dtype", SIXTEEN_BIT, ids=["bf16", "fp16"])
-def test_with_16_bit_parameters_one_examples_noise_free_contribution_is_at_most_C(dtype, mode, clipping):
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_in_16_bit_precision_one_examples_noise_free_contribution_is_at_most_C(precision, mode, clipping):
     C, worst = 0.01, 0.0
     for seed in range(16):
-        summed, clipper = _noise_free_sum_of_one_example(dtype, mode, clipping, seed, C)
+        summed, clipper = _noise_free_sum_of_one_example(precision, mode, clipping, seed, C)
         worst = max(worst, math.sqrt(sum(float(s.square().sum()) for s in summed.values())))
         if clipping == "per_layer":
             assert all(float(s.norm()) <= clipper.bounds[p] for p, s in summed.items())
