@@ -415,7 +415,8 @@ class GhostClippingModule(GradSampleModule):
         return summed_upper_bound(values, scale, dtype)  # tied layers: the terms may cancel
 
     def weighted_sum(self, weights: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
-        """``{p: sum_b weights[p][b] * grad_b(p)}`` (shape ``p.shape``, dtype of ``p``).
+        """``{p: sum_b weights[p][b] * grad_b(p)}`` (shape ``p.shape``, in :func:`norm_dtype` of ``p``:
+        float32 for 16-bit parameters, whose clipped sums are formed in float32).
 
         Ghost layers: one weighted matmul / kernel call per parameter from the stored A and G,
         which are freed as soon as the layer's sum is formed (so the peak memory holds the stored
@@ -428,7 +429,7 @@ class GhostClippingModule(GradSampleModule):
         for _, block_sums in self._block_sums(weights):
             for p, value in block_sums.items():
                 sums[p] = value if p not in sums else sums[p] + value
-        return {p: sums[p].to(p.dtype) if p in sums else torch.zeros_like(p) for p in weights}
+        return {p: sums[p] if p in sums else torch.zeros_like(p, dtype=norm_dtype(p)) for p in weights}
 
     def _block_sums(self, weights: dict[nn.Parameter, Tensor]) -> Iterator[tuple[int, dict[nn.Parameter, Tensor]]]:
         """``(block, {param: weighted sum})`` from every ghost entry and instantiated block."""

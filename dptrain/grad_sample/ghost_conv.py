@@ -263,7 +263,7 @@ def conv_weighted_weight_sum(layer: ConvNd, x: Tensor, backprops: Tensor, weight
             xs = xs * w
         else:
             gs = gs * w
-        part = weight_grad_kernel(layer, xs, gs, layer.weight.to(dtype), layer.groups, padding)
+        part = weight_grad_kernel(layer, xs, gs, layer.weight.detach().to(dtype), layer.groups, padding)
         total = part if total is None else total + part
     return total if total is not None else layer.weight.new_zeros(layer.weight.shape, dtype=dtype)
 

@@ -64,6 +64,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from dptrain.grad_sample.workspace import sample_chunks
+
 #: ``(K_A [N, T, T], K_G [N, T, T], gamma_a, gamma_g)``: computed Grams and their entries' error bounds.
 GramPair = tuple[Tensor, Tensor, float, float]
 #: ``grams(dtype, rows) -> GramPair`` for the items ``rows`` (all when None), computed in ``dtype``.
@@ -127,6 +129,12 @@ def rounded_up(values: Tensor, dtype: torch.dtype) -> Tensor:
 def _promote(t: Tensor) -> Tensor:
     """``t`` cast to :func:`norm_dtype` (no copy when it already has it)."""
     return t.to(norm_dtype(t))
+
+
+def promoted(value: object) -> object:
+    """A floating tensor detached and cast to :func:`norm_dtype` (float32 for 16-bit); any other
+    value as it is (for ``tree_map`` over a layer's recorded inputs)."""
+    return value.detach().to(norm_dtype(value)) if isinstance(value, Tensor) and value.is_floating_point() else value
 
 
 def as_sequence(t: Tensor) -> Tensor:
@@ -492,13 +500,29 @@ def bias_sq_norms(backprops: Tensor) -> Tensor:
     return rounded_up(bias_sq_norm_bounds(backprops), norm_dtype(backprops))
 
 
+def promoted_rows(per_sample: Tensor) -> list[Tensor]:
+    """``per_sample`` ``[B, *shape]`` as ``[b, numel]`` row chunks in :func:`norm_dtype`.
+
+    Float32/64 tensors come back as one view (no copy); 16-bit ones are converted to float32 one
+    chunk of samples at a time, each chunk at most the size of one float32 copy of a sample's
+    tensor or :data:`~dptrain.grad_sample.workspace.MIN_WORKSPACE` elements, so that a large
+    parameter's per-sample gradients never get a float32 copy in full.
+    """
+    flat = per_sample.reshape(per_sample.shape[0], -1)
+    if norm_dtype(flat) == flat.dtype:
+        return [flat]
+    return [flat[rows].to(norm_dtype(flat)) for rows in sample_chunks(flat.shape[0], flat.shape[1], flat.shape[1])]
+
+
 def sq_norms(per_sample: Tensor) -> Tensor:
     """Squared L2 norm of each sample's tensor: ``[B, *shape]`` -> ``[B]`` (norm dtype).
 
     A norm reduction, not ``square().sum()``: no temporary as large as ``per_sample`` (for an
-    instantiated layer that copy would add its per-sample gradients' size to the peak memory).
+    instantiated layer that copy would add its per-sample gradients' size to the peak memory);
+    16-bit rows are converted to float32 by chunks (:func:`promoted_rows`) so that the norm of the
+    very values :func:`weighted_sample_sum` adds up is taken in float32, not rounded to 16 bits.
     """
-    return torch.linalg.vector_norm(_promote(per_sample).reshape(per_sample.shape[0], -1), dim=1).square()
+    return torch.cat([torch.linalg.vector_norm(rows, dim=1) for rows in promoted_rows(per_sample)]).square()
 
 
 def weighted_outer_sum(activations: Tensor, backprops: Tensor, weights: Tensor) -> Tensor:
@@ -531,9 +555,19 @@ def weighted_bias_sum(backprops: Tensor, weights: Tensor) -> Tensor:
 
 
 def weighted_sample_sum(per_sample: Tensor, weights: Tensor) -> Tensor:
-    """``sum_i w_i X_i`` for instantiated per-sample tensors: ``[B, *shape]``, ``[B]`` -> shape."""
-    x = _promote(per_sample)
-    return torch.tensordot(weights.to(x.dtype), x, dims=([0], [0]))
+    """``sum_i w_i X_i`` for per-sample tensors: ``[B, *shape]``, ``[B]`` -> ``shape`` (norm dtype).
+
+    A matrix-vector product per chunk of :func:`promoted_rows`, accumulated in float32 for 16-bit
+    tensors: a 16-bit result would round each sample's clipped contribution (by up to 2^-8 of it in
+    bf16), above the clipping bound.
+    """
+    total = None
+    start = 0
+    for rows in promoted_rows(per_sample):
+        part = weights[start : start + rows.shape[0]].to(rows.dtype) @ rows
+        total = part if total is None else total.add_(part)
+        start += rows.shape[0]
+    return total.view(per_sample.shape[1:])
 
 
 def ghost_cost(positions: int, in_features: int, out_features: int) -> float:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from dptrain.errors import UnsupportedModuleError
-from dptrain.grad_sample.ghost_math import sq_norms
+from dptrain.grad_sample.ghost_math import promoted, sq_norms
 from dptrain.grad_sample.ghost_registry import register_ghost_cost
 from dptrain.grad_sample.registry import get_grad_sampler, register_norm_sampler
 
@@ -28,14 +28,21 @@ NORMALIZATION_LAYERS: tuple[type, ...] = (
 
 
 def instantiated_norms(layer: nn.Module, activations: list[Tensor], backprops: Tensor) -> dict[nn.Parameter, Tensor]:
-    """``{param: [B]}`` squared norms of the per-sample gradients from ``layer``'s grad sampler."""
+    """``{param: [B]}`` squared norms of the per-sample gradients from ``layer``'s grad sampler.
+
+    The sampler runs on the inputs and output gradients in float32 when they are 16-bit: the
+    clipped sum of a ghost normalisation layer comes from a float32 re-run of the layer
+    (:mod:`~dptrain.grad_sample.ghost_vjp`), whose gradients these norms must bound, not from their
+    16-bit roundings.
+    """
     sampler = get_grad_sampler(layer)
     if sampler is None:
         raise UnsupportedModuleError(
             f"No grad sampler is registered for {type(layer).__name__}, so its per-sample "
             f"gradient norms cannot be formed; register one with @dptrain.register_grad_sampler."
         )
-    return {p: sq_norms(g) for p, g in sampler(layer, activations, backprops).items()}
+    grads = sampler(layer, [promoted(a) for a in activations], promoted(backprops))
+    return {p: sq_norms(g) for p, g in grads.items()}
 
 
 register_norm_sampler(*NORMALIZATION_LAYERS)(instantiated_norms)

@@ -14,6 +14,11 @@ clipped-sum rule (``ghost_registry.register_clipped_sum``): no per-sample gradie
 cost of one extra forward and backward of that layer. The layer's forward must be deterministic:
 a re-run that draws random numbers (dropout inside the layer) would not reproduce the recorded
 call, so the clipped sum would not be the one whose norms were clipped; it is refused.
+
+The re-run is in float32 at least, outside autocast (16-bit parameters, buffers and recorded inputs
+converted: bf16 weights, or inputs recorded under bf16 autocast): a 16-bit backward would round the clipped sum,
+and with it each sample's contribution, to 16 bits (up to 2^-8 of it above the clipping bound in
+bf16).
 """
 
 from __future__ import annotations
@@ -21,9 +26,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 from dptrain.errors import UnsupportedModuleError
+from dptrain.grad_sample.ghost_math import norm_dtype, promoted
 
 
 def _params_by_weights(
@@ -65,21 +71,23 @@ def vjp_clipped_sums(
         batch_dim: 0 for batch-first models, 1 for sequence-first.
 
     Returns:
-        ``{param: Tensor[*param.shape]}`` in the dtype of the re-run's output.
+        ``{param: Tensor[*param.shape]}`` in the dtype of the re-run's output (float32 or float64).
     """
     own = [(n, p) for n, p in layer.named_parameters(recurse=False) if p in weights]
     before = _rng_states(backprops.device)
-    fixed = {n: p.detach() for n, p in layer.named_parameters(recurse=False)}
+    fixed = {n: promoted(t) for n, t in [*layer.named_parameters(), *layer.named_buffers()]}
+    args, kwargs = tree_map(promoted, (args, kwargs))
+    g = backprops.to(norm_dtype(backprops))
     sums: dict[nn.Parameter, Tensor] = {}
     for w, members in _params_by_weights(own, weights):
-        theta = {n: p.detach().requires_grad_(True) for n, p in members}
-        with torch.enable_grad():
+        theta = {n: fixed[n].detach().requires_grad_(True) for n, _ in members}
+        with torch.enable_grad(), torch.autocast(backprops.device.type, enabled=False):
             output = tree_leaves(functional_call(layer, {**fixed, **theta}, args, kwargs, strict=False))[out_leaf]
-            scaled = backprops * w.to(backprops.dtype).view(-1, *([1] * (backprops.dim() - 1)))
+            scaled = g * w.to(g.dtype).view(-1, *([1] * (g.dim() - 1)))
             cotangent = scaled.movedim(0, batch_dim).to(output.dtype)
             grads = torch.autograd.grad(output, list(theta.values()), cotangent, allow_unused=True)
-        for (_, p), g in zip(members, grads):
-            sums[p] = torch.zeros_like(p, dtype=output.dtype) if g is None else g
+        for (_, p), grad in zip(members, grads):
+            sums[p] = torch.zeros_like(p, dtype=output.dtype) if grad is None else grad
     if not _same_states(before, _rng_states(backprops.device)):
         raise _random_forward_error(layer)
     return sums

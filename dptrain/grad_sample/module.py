@@ -69,6 +69,7 @@ from dptrain.grad_sample.audit import BackwardAudit
 from dptrain.grad_sample.batch import check_batch_dim, pass_batch_size
 from dptrain.grad_sample.broadcast import BatchProvenance, broadcast_inputs, broadcast_output, broadcast_rule
 from dptrain.grad_sample.functorch import functorch_grad_samples
+from dptrain.grad_sample.ghost_math import norm_dtype, sq_norms, weighted_sample_sum
 from dptrain.grad_sample.registry import get_grad_sampler
 from dptrain.layers import DPMultiheadAttention, DPRNNBase
 from dptrain.validation import ModuleValidator
@@ -714,37 +715,42 @@ class GradSampleModule(nn.Module):
         """``{p: Tensor[B]}``, each sample's squared L2 norm of its gradient for ``p``.
 
         A trainable parameter that got no per-sample gradient (unused in every captured pass) has
-        zero gradient for every sample.
+        zero gradient for every sample. In :func:`~dptrain.grad_sample.ghost_math.norm_dtype`:
+        float32 for 16-bit parameters (a norm rounded to 16 bits can come out below the norm of the
+        gradient it clips).
         """
         batch = self.per_sample_batch_size()
         norms = {}
         for _, p in self.trainable_parameters():
             gs = getattr(p, "grad_sample", None)
             if gs is None:
-                norms[p] = torch.zeros(batch, dtype=p.dtype, device=p.device)
+                norms[p] = torch.zeros(batch, dtype=norm_dtype(p), device=p.device)
             else:
-                norms[p] = torch.linalg.vector_norm(gs.reshape(batch, -1), dim=1).square()
+                norms[p] = sq_norms(gs.reshape(batch, -1))
         return norms
 
     def weighted_sum(self, weights: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
-        """``{p: sum_b weights[p][b] * grad_sample_b(p)}``, shape ``p.shape``.
+        """``{p: sum_b weights[p][b] * grad_sample_b(p)}``, shape ``p.shape``, in
+        :func:`~dptrain.grad_sample.ghost_math.norm_dtype` (float32 for 16-bit parameters).
 
         One matrix-vector product per parameter on a view of ``p.grad_sample``: nothing larger than
-        the result is allocated.
+        the result is allocated (16-bit parameters: their rows are converted to float32 by chunks,
+        each at most the result's size or 16 MiB, see
+        :func:`~dptrain.grad_sample.ghost_math.weighted_sample_sum`).
         """
         batch = self.per_sample_batch_size()
         sums = {}
         for p, w in weights.items():
             gs = getattr(p, "grad_sample", None)
             if gs is None:
-                sums[p] = torch.zeros_like(p)
+                sums[p] = torch.zeros_like(p, dtype=norm_dtype(p))
                 continue
             if w.shape != (batch,):
                 raise ConfigError(
                     f"weighted_sum(weights): the weights of a parameter of shape {tuple(p.shape)} "
                     f"have shape {tuple(w.shape)}; expected ({batch},), one weight per sample."
                 )
-            sums[p] = (w.to(gs.dtype) @ gs.reshape(batch, -1)).view(p.shape)
+            sums[p] = weighted_sample_sum(gs.reshape(batch, -1), w).view(p.shape)
         return sums
 
     def clear_per_sample(self) -> None:

@@ -12,6 +12,12 @@ For a chunk of B samples with per-sample gradients g_b (over all parameters p):
   sqrt(sum_k C_k^2). By default C_k = C / sqrt(K) for K parameters, so the sensitivity is C.
 * adaptive: flat clipping whose C follows a target quantile of the per-sample norms, estimated
   privately; see `AdaptiveClipper`.
+
+Precision: norms, clip factors and clipped sums are formed in float32 for 16-bit (bf16, fp16)
+parameters, in the parameters' dtype otherwise (`norm_dtype`). In 16 bits each rounding is up to
+2^-8 (bf16) or 2^-11 (fp16) of the value, so a 16-bit norm, factor or sum lifts one sample's
+contribution above C (by up to 0.5% in bf16); in float32 the few roundings left are covered by the
+SAFETY_ULPS margin. Only the final noisy gradient is cast to the parameters' dtype.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from torch import Tensor, nn
 
 from dptrain.checks import check_max_grad_norm
 from dptrain.errors import ConfigError, PrivacyError
+from dptrain.grad_sample.ghost_math import norm_dtype
 
 #: Clip factors use the bound C * (1 - SAFETY_ULPS * eps(dtype)), so that the clipped norm stays
 #: <= C despite the few roundings after the squared norms are known (casts, sqrt, division,
@@ -38,7 +45,11 @@ SAFETY_ULPS = 8
 
 
 class PerSampleSource(Protocol):
-    """The clipping interface of contract 1 (GradSampleModule, GhostClippingModule)."""
+    """The clipping interface of contract 1 (GradSampleModule, GhostClippingModule).
+
+    `squared_norms` returns {p: Tensor[B]} and `weighted_sum` {p: Tensor[*p.shape]}, both in
+    `norm_dtype(p)` (float32 for 16-bit parameters) or wider; its weights are float32/64.
+    """
 
     def per_sample_batch_size(self) -> int: ...
 
@@ -55,11 +66,6 @@ class PerSampleSource(Protocol):
 ScalarNoise = Callable[[float], float]
 
 
-def _at_least_float32(t: Tensor) -> Tensor:
-    """`t` in float64 if it is float64, else in float32 (bf16/fp16 norms would lose the bound)."""
-    return t if t.dtype in (torch.float32, torch.float64) else t.float()
-
-
 def total_norms(squared: dict[nn.Parameter, Tensor]) -> Tensor:
     """Per-sample L2 norm over all parameters: sqrt(sum_p squared[p]); Tensor[B], float32/64.
 
@@ -72,7 +78,20 @@ def total_norms(squared: dict[nn.Parameter, Tensor]) -> Tensor:
 
 def layer_norms(squared: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
     """Per-sample L2 norm of each parameter's gradient: {p: Tensor[B]}, float32/64."""
-    return {p: _at_least_float32(sq).sqrt() for p, sq in squared.items()}
+    return {p: sq.to(norm_dtype(sq)).sqrt() for p, sq in squared.items()}
+
+
+def check_width(source: PerSampleSource, method: str, values: dict[nn.Parameter, Tensor]) -> None:
+    """PrivacyError unless every `values[p]` (a source's norms or sums) is in `norm_dtype(p)` or
+    wider: a norm rounded down, or a sum rounded, to 16 bits lifts a sample above the bound."""
+    for p, value in values.items():
+        if torch.finfo(value.dtype).eps > torch.finfo(norm_dtype(p)).eps:
+            raise PrivacyError(
+                f"{type(source).__name__}.{method} returned {value.dtype} values for a {p.dtype} "
+                f"parameter of shape {tuple(p.shape)}: rounded to {value.dtype}, a sample's clipped "
+                f"contribution can exceed max_grad_norm. A per-sample source must form norms and "
+                f"clipped sums in {norm_dtype(p)} or wider "
+                f"(dptrain.grad_sample.ghost_math.norm_dtype).")
 
 
 def clip_factors(norms: Tensor, bound: float) -> Tensor:
@@ -97,9 +116,18 @@ class Clipper(ABC):
         """Clip factors per parameter, Tensor[B] each, from per-sample squared norms."""
 
     def clip(self, source: PerSampleSource) -> dict[nn.Parameter, Tensor]:
-        """Clipped per-parameter sums of the source's current chunk: {p: Tensor[*p.shape]}."""
-        weights = self.factors(source.squared_norms())
-        return source.weighted_sum({p: w.to(p.dtype) for p, w in weights.items()})
+        """Clipped per-parameter sums of the source's current chunk: {p: Tensor[*p.shape]} in
+        `norm_dtype(p)` or wider (float32 for 16-bit parameters).
+
+        The factors go to the source as they are (float32/64): rounded to a 16-bit parameter's
+        dtype they could round up. Raises PrivacyError when the source returns norms or sums
+        narrower than `norm_dtype(p)` (see `check_width`).
+        """
+        squared = source.squared_norms()
+        check_width(source, "squared_norms", squared)
+        sums = source.weighted_sum(self.factors(squared))
+        check_width(source, "weighted_sum", sums)
+        return sums
 
     def gradient_noise_multiplier(self, noise_multiplier: float) -> float:
         """The sigma applied to the gradient sum, given the accounted sigma (equal by default)."""

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from dptrain.distributed.consistency import check_same_on_every_rank
 from dptrain.distributed.runtime import get_rank, get_world_size
+from dptrain.grad_sample.ghost_math import norm_dtype
 from dptrain.privacy.optimizer import DPOptimizer
 
 
@@ -121,7 +122,7 @@ class DistributedDPOptimizer(DPOptimizer):
             self.clipper.centred_count = float(flat[-1])
         sizes = [p.numel() for p in params]
         total = sum(sizes)
-        combined = {p: c.view_as(p).to(p.dtype) for p, c in zip(params, flat[:total].split(sizes))}
+        combined = {p: c.view_as(p).to(norm_dtype(p)) for p, c in zip(params, flat[:total].split(sizes))}
         self._pending_noise = ({p: c.view(p.shape) for p, c in
                                 zip(params, flat[total:2 * total].split(sizes))} if std > 0 else {})
         return combined

@@ -11,6 +11,13 @@ while the step hooks run; `step()` clears it before returning (unlike Opacus, wh
 `zero_grad()`): left on the parameters, the noise-free sum would be pickled by `torch.save(model)`
 and released with the model. `p.grad` keeps the noisy gradient.
 
+Precision: `p.summed_grad` is kept in `norm_dtype(p)`, float32 for 16-bit (bf16, fp16) parameters,
+so that a sum of B contributions each at most C has sensitivity C (a 16-bit accumulator would round
+every chunk's sum); the noise is drawn and added in float32 too, and only the noisy gradient is cast
+to the parameter's dtype. That cast rounds the released gradient by up to 2^-8 (bf16) or 2^-11
+(fp16) of each coordinate: post-processing of the noisy sum, which costs no privacy. The price is
+one float32 accumulator per 16-bit parameter (4 bytes per weight) while a logical batch is summed.
+
 Misuse that would make the accountant charge the wrong mechanism is refused (PrivacyError) when the
 optimizer is linked to the private loader (`make_private` links them; the loader calls
 `on_batch_handed_out` for every batch it hands to the loop):
@@ -36,6 +43,7 @@ from torch.optim import Optimizer
 
 from dptrain.checks import check_noise_multiplier, check_sample_rate
 from dptrain.errors import ConfigError, PrivacyError
+from dptrain.grad_sample.ghost_math import norm_dtype
 from dptrain.privacy.clipping import Clipper, FlatClipper, PerSampleSource
 from dptrain.randomness import entropy_generator, gaussian_noise
 from dptrain.privacy.schedules import Schedule
@@ -202,7 +210,8 @@ class DPOptimizer(Optimizer):
             self._earlier_rows_pending = True
 
     def clip_and_accumulate(self) -> None:
-        """Clip the current chunk's per-sample gradients and add them into `p.summed_grad`.
+        """Clip the current chunk's per-sample gradients and add them into `p.summed_grad`
+        (in `norm_dtype(p)`: float32 for 16-bit parameters).
 
         Frees the per-sample state of the source. A chunk with 0 samples adds nothing.
         Raises PrivacyError (discarding the pending gradients) when the chunk would mix rows
@@ -293,11 +302,12 @@ class DPOptimizer(Optimizer):
         The noise is drawn at std sigma_grad * S / expected_batch_size straight into the buffer
         that becomes p.grad, and the clipped sum is added into it scaled by 1 / expected_batch_size
         (one pass, no temporaries): beside the clipped sums, the step allocates one buffer per
-        parameter (two for 16-bit parameters, whose noise is drawn in float32 and then cast).
+        parameter (two for 16-bit parameters, whose noise is drawn and added in float32, to the
+        float32 clipped sum, and the result then cast to the parameter's dtype).
         """
         params = self.params
         sums = {p: p.summed_grad if getattr(p, "summed_grad", None) is not None
-                else torch.zeros_like(p) for p in params}
+                else torch.zeros_like(p, dtype=norm_dtype(p)) for p in params}
         combined = self._combine_clipped_sums(sums)
         scale = 1.0 / self.expected_batch_size
         std = self._gradient_noise_std() * scale

@@ -52,6 +52,14 @@ def test_conv_norms_and_clipped_sums_over_chunks_of_samples_equal_one_call(name,
     torch.testing.assert_close(conv_weight_grad_samples(layer, x, target), grads, rtol=TOL, atol=TOL)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_a_16_bit_conv_clipped_sum_is_float32_and_outside_the_autograd_graph(dtype) -> None:
+    layer = nn.Conv1d(2, 3, 3, padding=1).to(dtype)
+    x, target = torch.randn(4, 2, 6).to(dtype), torch.randn(4, 3, 6).to(dtype)
+    sums = conv_clipped_sum(layer, [x], target, {p: torch.rand(4) for p in layer.parameters()})
+    assert all(s.dtype == torch.float32 and not s.requires_grad for s in sums.values())
+
+
 def test_conv_norms_of_an_empty_batch_are_empty() -> None:
     layer = nn.Conv2d(2, 3, 3, padding=1)
     norms = conv_norms(layer, [torch.zeros(0, 2, 5, 5)], torch.zeros(0, 3, 5, 5))

@@ -9,6 +9,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from dptrain.grad_sample.ghost_math import norm_dtype
+
 
 def per_sample_grads(model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor],
                      x: Tensor, y: Tensor) -> dict[nn.Parameter, Tensor]:
@@ -46,10 +48,11 @@ class FakeSource(nn.Module):
         return sum(next(iter(c.values())).shape[0] for c in self._chunks)
 
     def squared_norms(self) -> dict[nn.Parameter, Tensor]:
-        return {p: g.flatten(1).pow(2).sum(1) for p, g in self._grads().items()}
+        return {p: g.to(norm_dtype(g)).flatten(1).pow(2).sum(1) for p, g in self._grads().items()}
 
     def weighted_sum(self, weights: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
-        return {p: torch.einsum("b,b...->...", weights[p], g) for p, g in self._grads().items()}
+        return {p: torch.einsum("b,b...->...", weights[p].to(norm_dtype(g)), g.to(norm_dtype(g)))
+                for p, g in self._grads().items()}
 
     def clear_per_sample(self) -> None:
         self._chunks = []

@@ -166,3 +166,18 @@ def test_adaptive_noisy_fraction_is_clamped_to_zero_one():
     clipper.clip(_source_with(grads))
     assert clipper.noisy_unclipped_fraction(lambda std: 1e6, expected_batch_size=4.0) == 1.0
     assert clipper.noisy_unclipped_fraction(lambda std: -1e6, expected_batch_size=4.0) == 0.0
+
+
+class _SixteenBitSums(FakeSource):
+    """A per-sample source that rounds its clipped sums to the parameters' 16-bit dtype."""
+
+    def weighted_sum(self, weights):
+        return {p: s.to(p.dtype) for p, s in super().weighted_sum(weights).items()}
+
+
+def test_a_source_returning_16_bit_clipped_sums_is_refused_naming_weighted_sum():
+    model = torch.nn.Linear(3, 2).to(torch.bfloat16)
+    source = _SixteenBitSums(model)
+    source.capture({p: torch.randn(4, *p.shape).to(torch.bfloat16) for p in model.parameters()})
+    with pytest.raises(PrivacyError, match=r"_SixteenBitSums\.weighted_sum returned torch\.bfloat16"):
+        FlatClipper(1.0).clip(source)

@@ -18,6 +18,8 @@ from privacy_helpers import (
 )
 
 from dptrain.errors import ConfigError, PrivacyError
+from dptrain.grad_sample.ghost import GhostClippingModule
+from dptrain.grad_sample.module import GradSampleModule
 from dptrain.privacy import AdaptiveClipper, DPOptimizer, FlatClipper, PerLayerClipper
 from dptrain.randomness import make_generator
 from dptrain.privacy.schedules import ExponentialSchedule, StepSchedule
@@ -319,6 +321,97 @@ def test_adaptive_clipping_noises_the_gradient_with_the_raised_multiplier():
     dp.step()
     noise = model.weight.grad.flatten()
     assert abs(noise.std().item() / (z_grad * 0.5 / 2.0) - 1) < std_tolerance(noise.numel())
+
+
+SIXTEEN_BIT = [torch.bfloat16, torch.float16]
+
+
+def _sixteen_bit_model(dtype: torch.dtype, seed: int) -> torch.nn.Module:
+    """Embedding -> Conv1d -> LayerNorm -> Linear in `dtype`: every clipped-sum route of ghost
+    mode (embedding rule, conv kernel, outer products, and with strategy="ghost" the
+    normalisation layer's re-run)."""
+    torch.manual_seed(seed)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(20, 8)
+            self.conv = torch.nn.Conv1d(8, 8, 3, padding=1)
+            self.norm = torch.nn.LayerNorm(8)
+            self.head = torch.nn.Linear(8, 5)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            h = self.conv(self.embed(ids).transpose(1, 2)).transpose(1, 2)
+            return self.head(torch.tanh(self.norm(h))).sum(dim=1)
+
+    return Net().to(dtype)
+
+
+def _sixteen_bit_source(model: torch.nn.Module, mode: str):
+    if mode == "hooks":
+        return GradSampleModule(model, loss_reduction="sum")
+    return GhostClippingModule(model, loss_reduction="sum", strategy=mode)
+
+
+#: (weights' dtype, autocast dtype or None): bf16 and fp16 weights, bf16 autocast of float32 weights.
+PRECISIONS = {"bf16": (torch.bfloat16, None), "fp16": (torch.float16, None),
+              "bf16-autocast": (torch.float32, torch.bfloat16)}
+
+
+def _noise_free_sum_of_one_example(precision, mode, clipping, seed, C):
+    """{p: float64 copy of p.summed_grad} read by a step hook, after one step on ONE example whose
+    gradient norm is far above C, and the clipper."""
+    dtype, autocast = PRECISIONS[precision]
+    model = _sixteen_bit_model(dtype, seed)
+    source = _sixteen_bit_source(model, mode)
+    params = list(model.parameters())
+    clipper = FlatClipper(C) if clipping == "flat" else PerLayerClipper(C, params)
+    dp = DPOptimizer(torch.optim.SGD(params, lr=0.0), 0.0, None, 1.0, clipper, module=source,
+                     sample_rate=0.5)
+    seen = {}
+    dp.attach_step_hook(lambda opt: seen.update({p: p.summed_grad.detach().double() for p in opt.params}))
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 20, (1, 6), generator=gen)
+    target = torch.randint(0, 5, (1,), generator=gen)
+    with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=autocast is not None):
+        logits = source(ids)
+    torch.nn.functional.cross_entropy(logits.float(), target, reduction="sum").backward()
+    dp.step()
+    return seen, clipper
+
+
+@pytest.mark.parametrize("clipping", ["flat", "per_layer"])
+@pytest.mark.parametrize("mode", ["hooks", "ghost", "instantiate"])
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_in_16_bit_precision_one_examples_noise_free_contribution_is_at_most_C(precision, mode, clipping):
+    C, worst = 0.01, 0.0
+    for seed in range(16):
+        summed, clipper = _noise_free_sum_of_one_example(precision, mode, clipping, seed, C)
+        worst = max(worst, math.sqrt(sum(float(s.square().sum()) for s in summed.values())))
+        if clipping == "per_layer":
+            assert all(float(s.norm()) <= clipper.bounds[p] for p, s in summed.items())
+    assert worst <= C, f"one example's clipped contribution reached {worst / C!r} C"
+
+
+@pytest.mark.parametrize("dtype", SIXTEEN_BIT, ids=["bf16", "fp16"])
+def test_16_bit_parameters_accumulate_their_clipped_sum_over_chunks_in_float32(dtype):
+    model = torch.nn.Linear(3, 2).to(dtype)
+    source = GradSampleModule(model, loss_reduction="sum")
+    dp = DPOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), 0.0, 1e6, 4.0, module=source,
+                     sample_rate=0.5)
+    seen = {}
+    dp.attach_step_hook(lambda opt: seen.update({p: p.summed_grad.clone() for p in opt.params}))
+    exact = {p: torch.zeros(p.shape, dtype=torch.float64) for p in model.parameters()}
+    for chunk in range(3):  # unclipped (C = 1e6): the sum is the sum of the per-sample gradients
+        source(torch.randn(2, 3, generator=torch.Generator().manual_seed(chunk)).to(dtype)).sum().backward()
+        for p in model.parameters():
+            exact[p] += p.grad_sample.double().sum(0)
+        dp.signal_skip_step(chunk < 2)
+        dp.step()
+    for p in model.parameters():
+        assert seen[p].dtype == torch.float32
+        torch.testing.assert_close(seen[p].double(), exact[p], rtol=1e-6, atol=0.0)
+        assert p.grad.dtype == dtype and torch.equal(p.grad, (seen[p] / 4.0).to(dtype))
 
 
 def test_bfloat16_parameters_get_a_bfloat16_noisy_gradient():
