@@ -7,8 +7,8 @@ exclusive `fcntl.flock` on `<run folder>/.dptrain.lock` before anything there is
 resume, and keeps it until the run ends, however it ends; the operating system releases it when
 the holder dies (a SIGKILL, a crash), so a dead run never blocks its resume. The holder writes its
 pid, host and start time into the file, which a refused process names. Under torch.distributed
-only rank 0 takes it, and every rank learns the outcome (one broadcast), so every rank stops or
-none does. On a platform without `fcntl` (Windows) no lock is taken.
+only rank 0 takes it, and every rank learns the outcome (one broadcast, so a wait is bounded by
+the process group's timeout), so every rank stops or none does. On a platform without `fcntl` (Windows) no lock is taken.
 
 Once held, the folder has no other writer: the temporaries a killed process left mid-write
 (dptrain.io) are deleted there.
@@ -69,27 +69,38 @@ def _flock(run_dir: Path, wait: bool) -> Iterator[None]:
         return
     fd = os.open(run_dir / LOCK_FILENAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        if not _try_lock(fd):
-            holder = _holder(fd)
-            if not wait:
-                raise RunFolderBusyError(_busy_message(run_dir, holder))
-            note(f"Waiting for {holder} to release the run folder {str(run_dir)!r} "
-                 "(train.wait_for_lock=true).")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        _write_holder(fd)
+        if not _acquire(fd, run_dir, wait):
+            yield
+            return
+        with contextlib.suppress(OSError):   # the holder's details are a courtesy
+            _write_holder(fd)
         try:
             yield
         finally:
-            os.ftruncate(fd, 0)   # still held: no reader sees a released lock's holder
+            with contextlib.suppress(OSError):   # still held: no reader sees a released holder
+                os.ftruncate(fd, 0)
     finally:
         os.close(fd)              # releases the lock
 
 
-def _try_lock(fd: int) -> bool:
+def _acquire(fd: int, run_dir: Path, wait: bool) -> bool:
+    """Lock `fd` (waiting for the holder when `wait`); False where the file system cannot lock
+    (some network mounts: said in a note). RunFolderBusyError when held and not `wait`."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
     except BlockingIOError:
+        pass
+    except OSError as err:
+        note(f"The run folder {str(run_dir)!r} cannot be locked ({err.strerror or err}): "
+             "nothing stops another dptrain run from using it at the same time.")
         return False
+    holder = _holder(fd)
+    if not wait:
+        raise RunFolderBusyError(_busy_message(run_dir, holder))
+    note(f"Waiting for {holder} to release the run folder {str(run_dir)!r} "
+         "(train.wait_for_lock=true).")
+    fcntl.flock(fd, fcntl.LOCK_EX)
     return True
 
 
