@@ -13,8 +13,8 @@ From plain Python, a run gets the same ledger, checkpoints, resume and budget gu
 Modules: job.py (TrainingJob, private_job, RunResult), settings.py (TrainSettings), loop.py
 (train, Trainer), budget.py (BudgetGuard, PrivacySpend), ledger.py (PrivacyLedger,
 verify_ledger), checkpoint.py (Checkpointer, load_checkpoint), resume.py (Resumer), replay.py
-(what a resume may drop), evaluation.py (evaluate, Evaluator), display.py (progress, summary),
-loggers.py (metric loggers: metrics.jsonl, TensorBoard, CSV, W&B, MLflow).
+(what a resume may drop), run_lock.py (one process per run folder), evaluation.py (evaluate,
+Evaluator), display.py (progress, summary), loggers.py (metric loggers: metrics.jsonl, TensorBoard, CSV, W&B, MLflow).
 Public names are imported lazily (importing this package loads no torch).
 """
 

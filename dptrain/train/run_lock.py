@@ -8,7 +8,9 @@ resume, and keeps it until the run ends, however it ends; the operating system r
 the holder dies (a SIGKILL, a crash), so a dead run never blocks its resume. The holder writes its
 pid, host and start time into the file, which a refused process names. Under torch.distributed
 only rank 0 takes it, and every rank learns the outcome (one broadcast, so a wait is bounded by
-the process group's timeout), so every rank stops or none does. On a platform without `fcntl` (Windows) no lock is taken.
+the process group's timeout): every rank stops or none does. On a platform without `fcntl`
+(Windows) no lock is taken; on a file system that cannot lock, a note says the run goes on
+without it.
 
 Once held, the folder has no other writer: the temporaries a killed process left mid-write
 (dptrain.io) are deleted there.
