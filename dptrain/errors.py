@@ -36,3 +36,13 @@ class UnsupportedModuleError(DPTrainError, ValueError):
 
 class BudgetExhaustedError(DPTrainError):
     """The next step would spend more privacy than the run's target allows."""
+
+
+class RunFolderBusyError(ConfigError):
+    """Another process holds the run folder's lock (dptrain.train.run_lock): the message names
+    that process."""
+
+
+class WriteError(DPTrainError, OSError):
+    """A run file could not be written (disk full, quota, failing storage): the message names the
+    file and the system's reason; `errno` is the system's error number."""

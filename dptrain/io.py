@@ -2,20 +2,26 @@
 
 An atomic write puts the bytes in a temporary file of the same folder, flushes and fsyncs it,
 renames it over the target (atomic on POSIX) and fsyncs the folder, so a reader sees either the
-old file or the new one, never a mix, even if the process is killed at any instruction.
+old file or the new one, never a mix, even if the process is killed at any instruction. A process
+killed mid-write leaves its temporary (`.<name>.<random>.tmp`) behind: `remove_temporaries` clears
+them when the folder's next run starts. A write the system refuses (disk full, quota...) raises
+WriteError naming the file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from dptrain.errors import ConfigError
+from dptrain.errors import ConfigError, WriteError
+
+TEMPORARY_SUFFIX = ".tmp"   # the atomic writes' temporaries: `.<target name>.<random>.tmp`
 
 
 def _is_writer() -> bool:
@@ -44,17 +50,19 @@ def atomic_write_bytes(path: Path | str, data: bytes) -> None:
     if not _is_writer():
         return
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    with naming_the_file(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX,
+                                   dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
 
 
 def atomic_write_json(path: Path | str, obj: Any) -> None:
@@ -67,10 +75,38 @@ def append_json_line(path: Path | str, record: dict[str, Any]) -> None:
     """Append one JSON object as a line to `path`, flushed and fsynced (rank 0 only)."""
     if not _is_writer():
         return
-    with open(path, "a", encoding="utf-8") as handle:
+    with naming_the_file(path), open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(json_safe(record), default=str) + "\n")
         handle.flush()
         os.fsync(handle.fileno())
+
+
+@contextlib.contextmanager
+def naming_the_file(path: Path | str) -> Iterator[None]:
+    """Re-raise an OSError of the block as WriteError naming `path` (the file being written)
+    and the system's reason; its `errno` is kept."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except OSError as err:
+        error = WriteError(f"Could not write {str(path)!r}: {err.strerror or err}.")
+        error.errno = err.errno
+        raise error from err
+
+
+def remove_temporaries(folder: Path | str) -> list[Path]:
+    """Delete the temporaries atomic writes left in `folder` (not below it) when their process
+    was killed mid-write; the files removed. Call it only where no other process writes
+    (dptrain.train.run_lock holds the run folder); rank 0 only under torch.distributed."""
+    if not _is_writer():
+        return []
+    removed = []
+    for path in Path(folder).glob(f".*{TEMPORARY_SUFFIX}"):
+        if path.is_file():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def json_safe(obj: Any) -> Any:

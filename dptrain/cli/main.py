@@ -36,7 +36,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import dptrain.cli.resolvers  # noqa: F401  (the configs' ${dptrain.*:...} resolvers)
 from dptrain.cli.overrides import choose_sigma_option, open_mapping_keys
-from dptrain.errors import DPTrainError
+from dptrain.errors import DPTrainError, RunFolderBusyError, WriteError
 
 if TYPE_CHECKING:  # torch-free import, so that `dptrain --help` starts fast
     from dptrain.train.job import RunResult
@@ -184,8 +184,17 @@ def run_job(cfg: DictConfig) -> float | None:
     except USER_ERRORS as error:
         if _verbose():
             raise
-        if failure_replaces_result(run_dir, ledger_before):  # keep an earlier run's result
-            write_result(run_dir, failed_result(run_dir), overrides, " ".join(str(error).split()))
+        # keep an earlier run's result, and the result of the run holding the folder
+        if not isinstance(error, RunFolderBusyError) and failure_replaces_result(
+                run_dir, ledger_before):
+            with contextlib.suppress(WriteError):   # a full disk: the message says so
+                write_result(run_dir, failed_result(run_dir), overrides,
+                             " ".join(str(error).split()))
+        if isinstance(error, WriteError):
+            from dptrain.cli.continuing import resume_command
+
+            error = WriteError(f"{error} Resume with: "
+                               f"{resume_command(hydra_cfg, overrides, run_dir)}")
         _report_error(error)
         if hydra_cfg.mode == RunMode.MULTIRUN:
             _failed_jobs.append(str(run_dir))

@@ -14,8 +14,8 @@ Modules: job.py (TrainingJob, private_job, RunResult), settings.py (TrainSetting
 (train, Trainer), budget.py (BudgetGuard, PrivacySpend), ledger.py (PrivacyLedger,
 verify_ledger), ledger_check.py (the run's records against the ledger's history), checkpoint.py
 (Checkpointer, load_checkpoint), resume.py (Resumer), replay.py (what a resume may drop),
-evaluation.py (evaluate, Evaluator), display.py (progress, summary),
-loggers.py (metric loggers: metrics.jsonl, TensorBoard, CSV, W&B, MLflow).
+run_lock.py (one process per run folder), evaluation.py (evaluate, Evaluator), display.py
+(progress, summary), loggers.py (metric loggers: metrics.jsonl, TensorBoard, CSV, W&B, MLflow).
 Public names are imported lazily (importing this package loads no torch).
 """
 

@@ -74,7 +74,7 @@ EARLIER_REPRODUCIBLE_NOTE = (
 APPROXIMATE_ACCOUNTANTS = frozenset({"gdp"})  # CLT approximation, not an upper bound
 # Config keys that may change between a run and its resume without changing what is trained.
 RESUME_EXEMPT_KEYS = ("train.resume", "train.progress", "train.max_steps", "train.run_dir",
-                      "train.keep_checkpoints", "hydra", "logger")
+                      "train.keep_checkpoints", "train.wait_for_lock", "hydra", "logger")
 # Config keys renamed since a ledger or checkpoint was written: {old name: new name}. A resume
 # compares the recorded values under their new names. privacy.reproducible_noise=true seeded the
 # noise and the sampling from train.seed, as reproducible_mechanism=true does; =false seeded the
@@ -557,7 +557,9 @@ def load_ledger(path: Path | str, check_records: bool = False) -> dict[str, Any]
                           f"{LEDGER_FILENAME}.") from err
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ConfigError(f"The privacy ledger {str(path)!r} is corrupt or truncated ({err}); "
-                          "it cannot be trusted. Keep it for inspection and re-run the job.") from err
+                          "it cannot be trusted. Restore it from a backup, or start a new run "
+                          "in a new folder (hydra.run.dir); the steps it recorded are spent, "
+                          "and a run without it would not count them.") from err
     problems = schema_errors(data)
     if not problems:
         problems = consistency_errors(data)

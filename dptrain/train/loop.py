@@ -23,6 +23,7 @@ and committed), `Checkpointer`, `Evaluator`, `Resumer`, `Display`, around one sh
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import random
 import time
@@ -33,14 +34,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from dptrain.accounting.history import history_steps
 from dptrain.data.virtual import BatchMemoryManager
-from dptrain.errors import ConfigError
+from dptrain.errors import ConfigError, WriteError
 from dptrain.grad_sample.workspace import retain_freed_memory
 from dptrain.io import ensure_writable_dir
 from dptrain.train import checkpoint as ckpt
 from dptrain.train.budget import COMMIT_BLOCK_STEPS, BudgetGuard, PrivacySpend
 from dptrain.train.checkpoint import BEST, LAST, Checkpointer
-from dptrain.train.display import Display, visible_notes
+from dptrain.train.display import Display, shown_path, visible_notes
 from dptrain.train.evaluation import Evaluator, Tally, autocast, to_device
 from dptrain.train.job import (
     Evaluation,
@@ -62,7 +64,11 @@ from dptrain.train.loggers import (  # noqa: F401  (METRICS_FILENAME: where it w
 )
 from dptrain.train.preemption import Preemption
 from dptrain.train.resume import Resumer, resume_on_every_rank
+from dptrain.train.run_lock import hold_run_folder
 from dptrain.train.settings import TrainSettings
+
+# The system errors of storage that cannot take more bytes: disk full, quota reached.
+FULL_STORAGE = (errno.ENOSPC, errno.EDQUOT)
 
 
 def seed_everything(seed: int) -> None:
@@ -147,6 +153,8 @@ class Trainer:
             raise RunInterrupted(self._result("interrupted")) from None
         except BaseException as err:
             self._end("failed", f"{type(err).__name__}: {err}")
+            if isinstance(err, OSError) and (written := self._write_failure(err)):
+                raise written from err
             raise
         refresh_layer_strategies(self.ledger, self.job.model)
         self.ledger.finish(status, self.spend.spent(), self.spend.steps_completed())
@@ -356,6 +364,26 @@ class Trainer:
             self.ledger.finish(status, self.ledger.history, self.spend.steps_completed(),
                                error=error)
 
+    def _write_failure(self, err: OSError) -> WriteError | None:
+        """A run file the system refused to write (WriteError from dptrain.io, or a full disk or
+        quota met by another writer) as one paragraph: the file, the reason and what the ledger
+        (marked "failed" by `_end`) charges; None for any other OSError."""
+        if not isinstance(err, WriteError) and err.errno not in FULL_STORAGE:
+            return None
+        what = str(err) if isinstance(err, WriteError) else (
+            f"Could not write {err.filename or 'a run file'}: {err.strerror or err}.")
+        ledger = self.ledger
+        charged = "records a run without privacy"
+        if ledger.private:
+            charged = (f"charges {history_steps(ledger.history)} steps, epsilon "
+                       f"{ledger.epsilon or 0.0:.4g} at delta {ledger.data['delta']:g}")
+        failure = WriteError(
+            f"{what} The run stopped after {self.spend.steps_completed()} steps; its privacy "
+            f"ledger {shown_path(ledger.path)} {charged}. Every file written before was "
+            "written whole: the run can be resumed once the disk has room.")
+        failure.errno = err.errno
+        return failure
+
     def _result(self, status: str) -> RunResult:
         last = self.pos.last_eval or Evaluation(self.pos.step, None, None)
         result = RunResult(status=status, steps=self.pos.step, epochs_completed=self.pos.epoch,
@@ -382,6 +410,8 @@ def train(job: TrainingJob, settings: TrainSettings,
     `loggers` receive the metrics (dptrain.train.loggers; default: metrics.jsonl, and the
     private ones in private_metrics.jsonl) and are closed when the run ends, however it ends.
 
+    The run folder is locked for the whole call (dptrain.train.run_lock): RunFolderBusyError
+    (a ConfigError) when another process holds it, unless `settings.wait_for_lock`.
     Raises ConfigError before training when the run folder cannot be written, a setting is
     invalid, or the resume checkpoint is missing, corrupt or from another config (under
     hardware=ddp: on every rank, also when the ranks resumed to different states); raises
@@ -395,10 +425,11 @@ def train(job: TrainingJob, settings: TrainSettings,
     """
     _check_job(job, settings)
     run_dir = ensure_writable_dir(settings.run_dir)
-    seed_everything(settings.seed)
-    retain_freed_memory()
-    trainer = Trainer(job, settings, run_dir, loggers)
-    with trainer.loggers, visible_notes(), trainer.preemption.installed():
-        resume_on_every_rank(trainer.resumer)
-        trainer.resumer.record()
-        return trainer.run()
+    with visible_notes(), hold_run_folder(run_dir, settings.wait_for_lock):
+        seed_everything(settings.seed)
+        retain_freed_memory()
+        trainer = Trainer(job, settings, run_dir, loggers)
+        with trainer.loggers, trainer.preemption.installed():
+            resume_on_every_rank(trainer.resumer)
+            trainer.resumer.record()
+            return trainer.run()

@@ -24,7 +24,7 @@ from dptrain.train.budget import PrivacySpend
 from dptrain.train.checkpoint import Checkpointer
 from dptrain.train.display import note, shown_path
 from dptrain.train.job import Position, TrainingJob, unwrap
-from dptrain.train.loggers import MetricLoggers
+from dptrain.train.loggers import METRICS_FILENAME, MetricLoggers
 from dptrain.train.ledger import (
     LEDGER_FILENAME,
     PrivacyLedger,
@@ -63,6 +63,8 @@ class Resumer:
         previous = self._previous_ledger()
         if previous is not None:
             self._refuse_other_run(previous, path)
+        elif self.settings.resume:
+            self._refuse_without_ledger()
         state = None
         if path is not None:
             state = ckpt.load_checkpoint(path)
@@ -141,6 +143,24 @@ class Resumer:
                 f"The run folder {str(self.run_dir)!r} holds the privacy ledger of a run with a "
                 f"different config; differing keys: {shown or '(hash only)'}. Continue it with "
                 "the same config, or use a new folder (hydra.run.dir). Nothing was changed.")
+
+    def _refuse_without_ledger(self) -> None:
+        """ConfigError when a resume is asked in a folder that holds an earlier run's files
+        (checkpoints, metrics) but no ledger: what that run spent is unknown, and a new ledger
+        would not count it."""
+        checkpoints = sorted((self.run_dir / ckpt.CHECKPOINT_DIRNAME).glob("*.pt"))
+        found = [f"{ckpt.CHECKPOINT_DIRNAME}/{p.name}" for p in checkpoints[:3]]
+        if (self.run_dir / METRICS_FILENAME).exists():
+            found.append(METRICS_FILENAME)
+        if not found:
+            return
+        raise ConfigError(
+            f"Cannot resume in the run folder {str(self.run_dir)!r} (train.resume): it holds an "
+            f"earlier run's files ({', '.join(found)}) but no privacy ledger ({LEDGER_FILENAME}), "
+            "so the steps that run took, and the privacy they spent, are unknown; a resume would "
+            "start a new ledger that leaves them out. Restore the ledger from a backup to "
+            "continue the run, or start a new run in a new folder (hydra.run.dir). Nothing was "
+            "changed.")
 
     def _refuse_secure_rewind(self, state: dict[str, Any], previous: dict[str, Any] | None,
                               path: Path) -> None:

@@ -46,6 +46,8 @@ class TrainConfig:
     resume: Optional[str] = setting(None, RESUME)        # a checkpoint path, "auto", or None
     max_steps: Optional[int] = setting(None, POSITIVE_INT.or_none())  # stop after this many steps
     progress: bool = setting(True, BOOLEAN)              # rich progress bars
+    # another process holds the run folder: wait for it (true) or stop at once (false)
+    wait_for_lock: bool = setting(False, BOOLEAN)
 
     def __post_init__(self) -> None:
         if isinstance(self.resume, os.PathLike):

@@ -66,6 +66,18 @@ def test_truncated_ledger_is_refused_with_a_clear_error(tmp_path: Path) -> None:
         load_ledger(path)
 
 
+def test_a_corrupt_ledger_is_to_be_restored_not_moved_aside_since_its_steps_are_spent(
+        tmp_path: Path) -> None:
+    _non_private_ledger(tmp_path)
+    path = tmp_path / "privacy_ledger.json"
+    path.write_text(path.read_text()[:50])
+    with pytest.raises(ConfigError) as refused:
+        load_ledger(path)
+    message = str(refused.value)
+    assert "Restore it from a backup" in message and "new folder" in message
+    assert "steps it recorded are spent" in message and "re-run" not in message
+
+
 def test_edited_config_breaks_the_ledger_hash(tmp_path: Path) -> None:
     _non_private_ledger(tmp_path)
     path = tmp_path / "privacy_ledger.json"
