@@ -205,6 +205,12 @@ class Display:
         table.add_column(overflow="fold")
         table.add_row("run folder", shown_path(result.run_dir))
         table.add_row("steps / epochs", f"{result.steps} / {result.epochs_completed}")
+        untrained = (result.steps_charged or 0) - result.steps
+        if untrained > 0:
+            table.add_row("steps charged", f"{result.steps_charged}: {untrained} more than the "
+                          "model trained, taken by earlier processes of this run and not "
+                          "retaken (a resume from an older checkpoint, or steps committed before "
+                          "a crash); every step that touched the data stays charged")
         dataset = ledger.data["dataset"]
         if dataset.get("synthetic"):
             table.add_row("dataset", f"{dataset['name']}: {SYNTHETIC_NOTE}")

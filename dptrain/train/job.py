@@ -114,6 +114,10 @@ class RunResult:
     val_loss: float | None = None            # (None without a validation split)
     test_perplexity: float | None = None     # exp(mean cross-entropy per token): token losses only
     val_perplexity: float | None = None
+    # `steps` counts the logical steps behind the model the run ends with; `steps_charged` the
+    # steps its ledger charges (None for a non-private run): every process's, so more than
+    # `steps` after a resume from an older checkpoint or a crash (steps taken, not retaken)
+    steps_charged: int | None = None
 
     @property
     def selection_accuracy(self) -> float | None:

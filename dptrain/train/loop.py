@@ -53,7 +53,7 @@ from dptrain.train.job import (
     TrainingJob,
     check_model_selection,
 )
-from dptrain.train.ledger import refresh_layer_strategies, run_ledger
+from dptrain.train.ledger import history_steps, refresh_layer_strategies, run_ledger
 from dptrain.train.loggers import (  # noqa: F401  (METRICS_FILENAME: where it was)
     METRICS_FILENAME,
     JsonlLogger,
@@ -391,7 +391,9 @@ class Trainer:
                            test_accuracy=last.test_accuracy, test_loss=last.test_loss,
                            run_dir=self.run_dir, val_accuracy=last.val_accuracy,
                            val_loss=last.val_loss, test_perplexity=last.test_perplexity,
-                           val_perplexity=last.val_perplexity)
+                           val_perplexity=last.val_perplexity,
+                           steps_charged=(history_steps(self.ledger.history)
+                                          if self.spend.private else None))
         return result
 
 

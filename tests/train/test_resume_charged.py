@@ -273,3 +273,19 @@ def test_a_resume_from_a_checkpoint_of_other_data_is_charged_as_a_new_computatio
         tmp_path / "run", epochs=3, resume=str(tmp_path / "other" / "checkpoints" / "epoch_1.pt")))
     ledger = load_ledger(tmp_path / "run")
     assert history_from_json(ledger["history"]) == [(1.0, Q, 5 * STEPS_PER_EPOCH)]
+
+
+def test_a_resume_from_an_older_checkpoint_reports_the_steps_charged_beyond_those_trained(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fresh = dict(reproducible_mechanism=False)     # new noise: the replayed steps are new releases
+    train(make_job(**fresh), make_settings(tmp_path, epochs=3, keep_checkpoints=None))
+    capsys.readouterr()
+    older = str(tmp_path / "checkpoints" / "epoch_1.pt")
+    result = train(make_job(**fresh), make_settings(tmp_path, epochs=3, keep_checkpoints=None,
+                                                    resume=older))
+    charged = history_steps(history_from_json(load_ledger(tmp_path)["history"]))
+    assert result.steps == 3 * STEPS_PER_EPOCH
+    assert result.steps_charged == charged == 5 * STEPS_PER_EPOCH   # epochs 2 and 3 twice
+    summary = " ".join(capsys.readouterr().out.split())
+    assert (f"steps charged │ {charged}: {2 * STEPS_PER_EPOCH} more than the model trained"
+            in summary)
