@@ -124,7 +124,8 @@ class AuditResult:
                     f"{self.lower_bound:.3g} with {self.confidence:.0%} confidence, claimed "
                     f"{self.claimed_epsilon:.3g} at delta = {self.delta:.3g}; "
                     f"{self._fdp_clause()})")
-        fdp = (f"{self._fdp_clause()} > claimed: not Gaussian-DP at the claimed epsilon"
+        fdp = (f"{self._fdp_clause()} > claimed: not Gaussian-DP at the claimed epsilon, a "
+               "violation for a full-batch run only (docs/auditing.md)"
                if self.fdp_exceeds_claim else f"{self._fdp_clause()} <= claimed")
         return (f"consistent: empirical lower bound {self.lower_bound:.3g} <= claimed epsilon "
                 f"{self.claimed_epsilon:.3g} ({self.confidence:.0%} confidence, delta = "
