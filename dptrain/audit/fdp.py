@@ -51,7 +51,12 @@ from collections.abc import Callable, Sequence
 from statistics import NormalDist
 
 from dptrain.accounting.gdp import gdp_epsilon
-from dptrain.audit.bound import _check_counts, bonferroni_confidence, check_confidence
+from dptrain.audit.bound import (
+    _check_counts,
+    _check_delta,
+    bonferroni_confidence,
+    check_confidence,
+)
 
 #: Largest mu searched: Phi^-1 of a float64 probability lies in [-38.5, 8.3], so a larger mu
 #: makes g^-1 vanish on every probability the recursion meets: nothing more can be rejected.
@@ -133,10 +138,18 @@ def gdp_mu_lower_bound(canaries: int, guesses: int, correct: int,
     return low
 
 
+def mu_to_epsilon(mu: float, delta: float) -> float:
+    """The epsilon of mu-GDP at `delta`; at delta = 0 no finite epsilon for mu > 0 (inf)."""
+    delta = _check_delta(delta)
+    if delta == 0.0:
+        return math.inf if mu > 0 else 0.0
+    return gdp_epsilon(mu, delta)
+
+
 def fdp_epsilon_lower_bound(canaries: int, guesses: int, correct: int, delta: float,
                             confidence: float = 0.95) -> float:
     """The epsilon at `delta` of the largest rejected mu-GDP (`gdp_mu_lower_bound`)."""
-    return gdp_epsilon(gdp_mu_lower_bound(canaries, guesses, correct, confidence), delta)
+    return mu_to_epsilon(gdp_mu_lower_bound(canaries, guesses, correct, confidence), delta)
 
 
 def best_gdp_mu_lower_bound(canaries: int, outcomes: Sequence[tuple[int, int, int]],

@@ -25,9 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from dptrain.accounting.gdp import gdp_epsilon
 from dptrain.audit.bound import GuessOutcome, best_lower_bound, check_confidence
-from dptrain.audit.fdp import best_gdp_mu_lower_bound
+from dptrain.audit.fdp import best_gdp_mu_lower_bound, mu_to_epsilon
 from dptrain.errors import ConfigError
 
 AUDIT_FILE = "audit.json"
@@ -179,7 +178,7 @@ def audit_scores(scores: np.ndarray, included: np.ndarray, *, kind: str, score: 
                 for k_plus, k_minus in counts]
     best, all_rules = best_lower_bound(m, outcomes, delta, confidence)
     fdp_best, mus = best_gdp_mu_lower_bound(m, outcomes, confidence)
-    all_rules = tuple(replace(rule, fdp_mu_lower_bound=mu, fdp_lower_bound=gdp_epsilon(mu, delta))
+    all_rules = tuple(replace(rule, fdp_mu_lower_bound=mu, fdp_lower_bound=mu_to_epsilon(mu, delta))
                       for rule, mu in zip(all_rules, mus))
     fdp_rule = all_rules[fdp_best]
     result = AuditResult(kind=kind, score=score, claimed_epsilon=float(claimed_epsilon),

@@ -115,6 +115,11 @@ def test_the_epsilon_bound_is_the_epsilon_of_the_mu_bound_at_delta():
     assert fdp_epsilon_lower_bound(1000, 200, 180, 1e-5, 0.95) == gdp_epsilon(mu, 1e-5)
 
 
+def test_at_delta_zero_a_positive_mu_bound_allows_no_finite_epsilon():
+    assert fdp_epsilon_lower_bound(1000, 200, 180, 0.0) == math.inf
+    assert fdp_epsilon_lower_bound(1000, 200, 100, 0.0) == 0.0
+
+
 def test_the_fdp_bound_of_a_gaussian_release_is_tighter_than_the_epsilon_delta_bound():
     # The case the f-DP analysis was made for: 180 of the top 200 of 1000 canaries correct.
     assert fdp_epsilon_lower_bound(1000, 200, 180, 1e-5) > 1.5 * epsilon_lower_bound(
