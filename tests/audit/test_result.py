@@ -9,7 +9,7 @@ import pytest
 from dptrain.accounting.gdp import gdp_epsilon
 from dptrain.audit.bound import epsilon_lower_bound
 from dptrain.audit.fdp import gdp_mu_lower_bound
-from dptrain.audit.result import GuessingRules, audit_scores, count_correct, write_audit
+from dptrain.audit.result import AuditResult, GuessingRules, audit_scores, count_correct, write_audit
 from dptrain.errors import ConfigError
 
 
@@ -48,13 +48,23 @@ def test_ties_are_broken_by_canary_index_not_by_inclusion():
     assert count_correct(scores, np.array([True, False, False, False]), 1, 0) == 1
 
 
-def test_the_result_reports_the_best_rule_at_the_bonferroni_confidence():
+def _canaries() -> tuple[np.ndarray, np.ndarray]:
+    """Scores and inclusion of 400 canaries, about half included (their scores shifted by 3)."""
     rng = np.random.default_rng(0)
     included = rng.random(400) < 0.5
-    scores = included * 3.0 + rng.standard_normal(400)
+    return included * 3.0 + rng.standard_normal(400), included
+
+
+def _two_rule_audit(scores: np.ndarray, included: np.ndarray) -> AuditResult:
+    """The audit of `scores` under two guessing rules (the top 10 % and 50 %)."""
     rules = GuessingRules(fractions=(0.1, 0.5), sides=("top",))
-    result = audit_scores(scores, included, kind="white_box", score="all_iterates",
-                          claimed_epsilon=10.0, delta=1e-5, rules=rules)
+    return audit_scores(scores, included, kind="white_box", score="all_iterates",
+                        claimed_epsilon=10.0, delta=1e-5, rules=rules)
+
+
+def test_the_result_reports_the_best_rule_at_the_bonferroni_confidence():
+    scores, included = _canaries()
+    result = _two_rule_audit(scores, included)
     assert len(result.rules) == 2 and result.correction == "bonferroni"
     assert result.lower_bound == pytest.approx(epsilon_lower_bound(
         400, result.guesses, result.correct, 1e-5, 1 - 0.05 / 2))
@@ -96,12 +106,8 @@ def test_audit_json_is_written_without_matplotlib(tmp_path, monkeypatch):
 
 
 def test_the_result_reports_the_best_fdp_bound_of_the_rules_at_the_bonferroni_confidence():
-    rng = np.random.default_rng(0)
-    included = rng.random(400) < 0.5
-    scores = included * 3.0 + rng.standard_normal(400)
-    rules = GuessingRules(fractions=(0.1, 0.5), sides=("top",))
-    result = audit_scores(scores, included, kind="white_box", score="all_iterates",
-                          claimed_epsilon=10.0, delta=1e-5, rules=rules)
+    scores, included = _canaries()
+    result = _two_rule_audit(scores, included)
     expected = [gdp_mu_lower_bound(400, rule.guesses, rule.correct, 1 - 0.05 / 2)
                 for rule in result.rules]
     assert [rule.fdp_mu_lower_bound for rule in result.rules] == pytest.approx(expected)
