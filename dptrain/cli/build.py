@@ -314,6 +314,21 @@ def _unreachable_in_keys(error: UnreachableEpsilonError, settings: TrainSettings
         f"lower train.epochs or train.batch_size.")
 
 
+def user_level_arguments(request: PrivacyRequest, dataset: Any) -> dict[str, Any]:
+    """make_private's user-level keywords for privacy.unit=user (the training split's user ids,
+    from dataset.user_column); {} for example-level privacy. ConfigError when the dataset has no
+    user ids."""
+    if request.unit != "user":
+        return {}
+    user_ids = getattr(dataset, "user_ids", None)
+    if user_ids is None:
+        raise ConfigError("privacy.unit=user needs the user of every training example: set "
+                          "dataset.user_column=COLUMN (dataset=text: the CSV/JSON/Parquet column "
+                          "naming each row's user), or use privacy.unit=example.")
+    return {"privacy_unit": "user", "user_ids": user_ids,
+            "max_examples_per_user": request.max_examples_per_user}
+
+
 def _make_engine(request: PrivacyRequest, seed: int) -> Any:
     """A PrivacyEngine whose noise and Poisson sampling generators are seeded from OS entropy, or
     from `train.seed` with `privacy.reproducible_mechanism=true`."""
@@ -332,7 +347,9 @@ def make_private_job(
     """`request` applied through the engine: (engine, model, optimizer, loader, settings)."""
     if not request.private:
         return None, model, optimizer, loader, PrivacySettings(enabled=False, poisson_sampling=False)
-    delta = _target_delta(request.target_delta, num_examples)
+    unit = user_level_arguments(request, loader.dataset)
+    num_units = len(unit["user_ids"].unique()) if unit else num_examples  # N: examples or users
+    delta = _target_delta(request.target_delta, num_units)
     engine = _make_engine(request, settings.seed)
     max_grad_norm = request.max_grad_norm
     common = dict(
@@ -343,6 +360,7 @@ def make_private_job(
         clipping=request.clipping,
         grad_sample_mode=request.grad_sample_mode,
         poisson_sampling=request.poisson_sampling,
+        **unit,
     )
     if request.calibrated:
         try:
@@ -351,7 +369,7 @@ def make_private_job(
                 epochs=settings.epochs
             )
         except UnreachableEpsilonError as error:
-            raise _unreachable_in_keys(error, settings, num_examples) from error
+            raise _unreachable_in_keys(error, settings, num_units) from error
     else:
         model, optimizer, loader = engine.make_private(
             **common, noise_multiplier=request.noise_multiplier,
