@@ -281,15 +281,22 @@ def load_text(
         parts[split] = (rows, _take(labels, keep))
         if split == "train" and user_column is not None:
             users = _take(column(table, user_column, "dataset.user_column", source), keep)
+            users = user_codes(users, source)
     splits = _splits("text", tok, task, max_len, num_labels, parts, {})
     if users is not None:
-        splits.train.user_ids = user_codes(users)
+        splits.train.user_ids = users
     return splits
 
 
-def user_codes(users: Sequence[Any]) -> torch.Tensor:
+def user_codes(users: Sequence[Any], source: str) -> torch.Tensor:
     """int64 `[N]`: each row's user as a number, users numbered in order of first appearance
-    (the values themselves, names or numbers, are kept out of the tensors)."""
+    (the values themselves, names or numbers, are kept out of the tensors). ConfigError naming
+    dataset.user_column for a row without a user (an empty cell)."""
+    missing = [i for i, u in enumerate(users) if u is None or (isinstance(u, float) and u != u)]
+    if missing:
+        raise ConfigError(f"dataset.user_column: {source} has {len(missing)} row(s) without a user "
+                          f"(the first is data row {missing[0] + 1}); user-level privacy needs "
+                          f"the user of every training row. Fill the column in the file.")
     codes: dict[Any, int] = {}
     return torch.tensor([codes.setdefault(u, len(codes)) for u in users], dtype=torch.int64)
 
