@@ -53,3 +53,10 @@ def test_privacy_unit_user_without_a_user_column_is_a_config_error_naming_it(
                                   files, monkeypatch, capsys)
     assert code != 0
     assert "dataset.user_column" in err and "Traceback" not in err
+
+
+def test_an_unknown_privacy_unit_is_refused_naming_the_key_and_its_values(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_in_process([*QUIET, "privacy.unit=person"], tmp_path, monkeypatch, capsys)
+    assert code != 0 and "Traceback" not in err
+    assert "privacy.unit" in err and "example" in err and "user" in err
