@@ -280,24 +280,26 @@ def build_loaders(
 
 
 # ----------------------------------------------------------------------------- privacy
-def _target_delta(configured: Any, num_examples: int) -> float:
-    """`privacy.target_delta`, or the 1/(10 N) rule when it is null (said in the run's log)."""
+def _target_delta(configured: Any, num_examples: int, unit: str = "training examples") -> float:
+    """`privacy.target_delta`, or the 1/(10 N) rule when it is null (said in the run's log); N
+    counts `unit` (examples, or users with privacy.unit=user)."""
     if configured is not None:
         delta = float(configured)
         if num_examples and delta >= 1.0 / num_examples:
             raise ConfigError(
                 f"privacy.target_delta={configured} is not below 1/N = {1.0 / num_examples:.3g} "
-                f"(N = {num_examples} training examples): a mechanism that publishes one random "
-                f"training example satisfies that delta, so the epsilon reported would protect no "
+                f"(N = {num_examples} {unit}): a mechanism that publishes one random "
+                f"training example (or user) satisfies that delta, so the epsilon reported would protect no "
                 f"one. Set privacy.target_delta well below 1/N, e.g. "
                 f"{default_delta(num_examples):g}, or null for 1/(10 N) rounded down.")
         return delta
     delta = default_delta(num_examples)
     log.info(
         "privacy.target_delta is null: using delta = %g, 1/(10 N) rounded down to a power of "
-        "ten for N = %d training examples (set privacy.target_delta to choose it).",
+        "ten for N = %d %s (set privacy.target_delta to choose it).",
         delta,
         num_examples,
+        unit,
     )
     return delta
 
@@ -349,7 +351,7 @@ def make_private_job(
         return None, model, optimizer, loader, PrivacySettings(enabled=False, poisson_sampling=False)
     unit = user_level_arguments(request, loader.dataset)
     num_units = len(unit["user_ids"].unique()) if unit else num_examples  # N: examples or users
-    delta = _target_delta(request.target_delta, num_units)
+    delta = _target_delta(request.target_delta, num_units, "users" if unit else "training examples")
     engine = _make_engine(request, settings.seed)
     max_grad_norm = request.max_grad_norm
     common = dict(

@@ -47,6 +47,16 @@ def test_a_user_level_run_on_a_csv_with_a_user_column_trains_and_its_ledger_says
     assert "one user: all their training examples" in " ".join(out.split())
 
 
+def test_a_user_level_runs_default_delta_counts_users_not_examples(
+        files: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    run_dir = files / "runs" / "user_delta"
+    code, _, err = run_in_process(
+        _args(run_dir, "privacy.unit=user", "dataset.user_column=author", "train.max_steps=1"),
+        files, monkeypatch, capsys)
+    assert code == 0, err
+    assert read_json(run_dir / "privacy_ledger.json")["delta"] == 0.01  # 1/(10 N), N = 9 users
+
+
 def test_privacy_unit_user_without_a_user_column_is_a_config_error_naming_it(
         files: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     code, _, err = run_in_process(_args(files / "runs" / "no_column", "privacy.unit=user"),
