@@ -24,12 +24,12 @@ from dptrain.checks import (
     one_of,
 )
 from dptrain.cli.schema import EpsilonPrivacyConfig, SigmaPrivacyConfig
+from dptrain.data.user_sampling import check_max_examples_per_user
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import CLIPPING_MODES
 from dptrain.privacy.engine import GRAD_SAMPLE_MODES
 from dptrain.privacy.schedules import as_schedule
 from dptrain.privacy.user_level import PRIVACY_UNITS
-from dptrain.data.user_sampling import check_max_examples_per_user
 
 EPSILON, SIGMA, NONE = "epsilon", "sigma", "none"
 PRIVACY_MODES = (EPSILON, SIGMA, NONE)

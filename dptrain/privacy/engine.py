@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 from dptrain.accounting import get_accountant, get_noise_multiplier
 from dptrain.data.distributed import DistributedDPDataLoader
 from dptrain.data.sampling import DPDataLoader, dataset_size, default_sample_rate
+from dptrain.data.user_sampling import UserDPDataLoader, user_groups, user_sample_rate
 from dptrain.distributed.ddp import unwrap_ddp
 from dptrain.grad_sample.ghost import GhostClippingModule
 from dptrain.grad_sample.module import GradSampleModule
@@ -44,7 +45,6 @@ from dptrain.randomness import derive_seeds, make_generator
 from dptrain.privacy.optimizer import DPOptimizer
 from dptrain.privacy.schedules import Schedule, as_schedule
 from dptrain.privacy.user_level import UserLevelClipper, UserLevelRequest, user_level_request
-from dptrain.data.user_sampling import UserDPDataLoader, user_groups, user_sample_rate
 
 GRAD_SAMPLE_MODES = ("hooks", "ghost")
 _INTERFACE = ("per_sample_batch_size", "squared_norms", "weighted_sum", "clear_per_sample",
