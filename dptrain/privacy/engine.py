@@ -44,7 +44,8 @@ from dptrain.privacy.distributed import DistributedDPOptimizer
 from dptrain.randomness import derive_seeds, make_generator
 from dptrain.privacy.optimizer import DPOptimizer
 from dptrain.privacy.schedules import Schedule, as_schedule
-from dptrain.privacy.user_level import UserLevelClipper, UserLevelRequest, user_level_request
+from dptrain.privacy.user_level import (UserLevelClipper, UserLevelRequest,
+                                        check_user_level_source, user_level_request)
 
 GRAD_SAMPLE_MODES = ("hooks", "ghost")
 _INTERFACE = ("per_sample_batch_size", "squared_norms", "weighted_sum", "clear_per_sample",
@@ -239,6 +240,7 @@ class PrivacyEngine:
                 private_loader = self._private_loader(data_loader, poisson_sampling,
                                                       allow_non_poisson, rate_sched, loader_class)
             else:
+                check_user_level_source(source)
                 private_loader = self._user_loader(data_loader, users, poisson_sampling, rate_sched)
                 clipper = UserLevelClipper(clipper, [p for _, p in named],
                                            private_loader.batch_user_groups)

@@ -32,7 +32,9 @@ import torch
 from torch import Tensor, nn
 
 from dptrain.errors import ConfigError, PrivacyError
+from dptrain.grad_sample.ghost import GhostClippingModule
 from dptrain.grad_sample.ghost_math import norm_dtype, sq_norms
+from dptrain.grad_sample.module import GradSampleModule
 from dptrain.privacy.clipping import Clipper, PerSampleSource, ScalarNoise
 
 PRIVACY_UNITS = ("example", "user")
@@ -66,16 +68,28 @@ def user_level_request(privacy_unit: str, user_ids: Any, max_examples_per_user: 
         raise ConfigError("privacy_unit='user' needs user_ids, one user id per training example "
                           "(from the CLI: dataset.user_column=COLUMN of a text dataset).")
     if grad_sample_mode != "hooks":
-        raise ConfigError(
-            f"privacy_unit='user' cannot run with grad_sample_mode={grad_sample_mode!r} "
-            "(privacy.grad_sample_mode): user-level clipping bounds the norm of each user's MEAN "
-            "gradient, which needs the per-example gradients themselves, and ghost clipping only "
-            "forms their norms (the norm of a mean is not a function of the norms). Use "
-            "privacy.grad_sample_mode=hooks (grad_sample_mode='hooks').")
+        raise _needs_hooks(repr(grad_sample_mode))
     if distributed:
         raise ConfigError("privacy_unit='user' is not supported with a DistributedDataParallel "
                           "model (hardware=ddp): train user-level runs on one process.")
     return UserLevelRequest(user_ids, max_examples_per_user)
+
+
+def _needs_hooks(mode: str) -> ConfigError:
+    """The refusal of user level with a source that forms no per-example gradients."""
+    return ConfigError(
+        f"privacy_unit='user' cannot run with grad_sample_mode={mode} (privacy.grad_sample_mode): "
+        "user-level clipping bounds the norm of each user's MEAN gradient, which needs the "
+        "per-example gradients themselves, and ghost clipping only forms their norms (the norm of "
+        "a mean is not a function of the norms). Use privacy.grad_sample_mode=hooks "
+        "(grad_sample_mode='hooks'), with a model not already wrapped for ghost clipping.")
+
+
+def check_user_level_source(source: Any) -> None:
+    """ConfigError unless `source` forms per-example gradients (a hooks GradSampleModule: a
+    model already wrapped in a GhostClippingModule is refused)."""
+    if isinstance(source, GhostClippingModule) or not isinstance(source, GradSampleModule):
+        raise _needs_hooks(f"{type(source).__name__} (the model passed as module)")
 
 
 def _per_sample_grads(source: PerSampleSource, params: Sequence[nn.Parameter],
