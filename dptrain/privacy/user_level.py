@@ -181,8 +181,12 @@ class UserLevelClipper(Clipper):
         local = groups - first                                     # Tensor[rows] in [0, U)
         users = last - first + 1
         grads = _per_sample_grads(source, self.params, rows)
-        sums = {p: torch.zeros((users, *p.shape), dtype=g.dtype, device=g.device)
-                .index_add_(0, local.to(g.device), g) for p, g in grads.items()}
+        continued = self._carry is not None and self._carry[0] == first
+        if users == rows and not continued:  # one row per user: its gradient is its mean
+            sums = grads  # views of p.grad_sample, never written to
+        else:
+            sums = {p: torch.zeros((users, *p.shape), dtype=g.dtype, device=g.device)
+                    .index_add_(0, local.to(g.device), g) for p, g in grads.items()}
         counts = torch.bincount(local, minlength=users).to(torch.float64)
         if self._carry is not None:
             user, carried, partial = self._carry
@@ -195,7 +199,9 @@ class UserLevelClipper(Clipper):
         if int(counts[-1]) < total_rows:  # the last user continues in the next chunk
             self._carry = (last, int(counts[-1]), {p: s[-1].clone() for p, s in sums.items()})
             sums, counts = {p: s[:-1] for p, s in sums.items()}, counts[:-1]
-        return {p: s / counts.to(s.dtype).view(-1, *([1] * (s.dim() - 1))).to(s.device)
+        if bool((counts == 1).all()):
+            return sums
+        return {p: s.div_(counts.to(s.dtype).view(-1, *([1] * (s.dim() - 1))).to(s.device))
                 for p, s in sums.items()}
 
     def clip(self, source: PerSampleSource) -> dict[nn.Parameter, Tensor]:
