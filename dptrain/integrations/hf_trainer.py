@@ -373,11 +373,14 @@ class PrivateTrainer(Trainer):
         return None if self._spend is None else self._spend.epsilon()
 
     def _finish(self, status: str, error: str | None = None) -> None:
-        """The ledger's final write: the exact history, every accountant's epsilon, `status`."""
+        """The ledger's final write: every accountant's epsilon and `status`; the exact history
+        of a finished run, every committed step of a stopped one (as the run loop does)."""
         if self.ledger is None:
             return
         refresh_layer_strategies(self.ledger, self.private_module)
-        self.ledger.finish(status, self._spend.spent(), self._spend.steps_completed(), error)
+        stopped = status in ("failed", "interrupted")
+        history = self.ledger.history if stopped else self._spend.spent()
+        self.ledger.finish(status, history, self._spend.steps_completed(), error)
 
     # -- the Trainer's entry points ----------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any,
@@ -434,7 +437,7 @@ class PrivateTrainer(Trainer):
             raise ConfigError("PrivateTrainer's training batches have no 'labels': each example's "
                               "loss needs its labels (a causal LM's labels are its input_ids: use "
                               "DataCollatorForLanguageModeling(tokenizer, mlm=False)).")
-        outputs = model(**inputs)
+        outputs = self.private_module(**inputs)
         loss = self.per_example_loss_fn(self.model, outputs, labels).mean()
         return (loss, outputs) if return_outputs else loss
 
