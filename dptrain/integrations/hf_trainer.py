@@ -233,7 +233,7 @@ class PrivateTrainer(Trainer):
             (default: `default_per_example_loss`).
         dataset_name: the training set's name in the ledger.
 
-    After `train()`: `engine` (the PrivacyEngine), `epsilon` (spent at `delta`), `ledger`.
+    After `train()`: `engine` (the PrivacyEngine), `epsilon` (spent at `delta`), `delta`, `ledger`.
     """
 
     def __init__(self, *args: Any, privacy: PrivacyArguments,
