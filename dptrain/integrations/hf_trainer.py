@@ -428,9 +428,9 @@ class PrivateTrainer(Trainer):
                      num_items_in_batch: Any = None) -> Any:
         """In training, the mean over the chunk's examples of each example's own loss
         (`per_example_loss_fn`); in evaluation, the Trainer's own loss."""
-        if not model.training:
-            return super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                        num_items_in_batch=num_items_in_batch)
+        if not model.training:  # num_items_in_batch: a keyword of transformers >= 4.46 only
+            extra = {} if num_items_in_batch is None else {"num_items_in_batch": num_items_in_batch}
+            return super().compute_loss(model, inputs, return_outputs=return_outputs, **extra)
         inputs = dict(inputs)
         labels = inputs.pop("labels", None)
         if labels is None:

@@ -97,7 +97,7 @@ def _our_loop(model: Any, dataset: Dataset, steps: int, logical: int, physical: 
     module, optimizer, loader = engine.make_private(
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
         data_loader=DataLoader(dataset, batch_size=logical), noise_multiplier=0.0,
-        max_grad_norm=privacy.max_grad_norm)
+        max_grad_norm=privacy.max_grad_norm, grad_sample_mode=privacy.grad_sample_mode)
     sums = _record_summed_grads(optimizer, model)
     module.train()
     with BatchMemoryManager(data_loader=loader, max_physical_batch_size=physical,
@@ -113,15 +113,17 @@ def _our_loop(model: Any, dataset: Dataset, steps: int, logical: int, physical: 
     return sums
 
 
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
 def test_clipped_sums_and_updates_equal_our_loops_for_the_same_poisson_batches(
-        folders: dict[str, Path], tmp_path: Path) -> None:
+        folders: dict[str, Path], tmp_path: Path, mode: str) -> None:
     model = _bert(folders)
     ours = copy.deepcopy(model)
-    trainer = _trainer(folders, tmp_path, model=model)
+    privacy = _privacy(grad_sample_mode=mode)
+    trainer = _trainer(folders, tmp_path, model=model, privacy=privacy)
     theirs = _record_summed_grads(trainer.create_optimizer(), model)
     trainer.train()
     expected = _our_loop(ours, Reviews(24, model.config.vocab_size), 3, logical=6, physical=3,
-                         privacy=_privacy())
+                         privacy=privacy)
     assert len(theirs) == len(expected) == 3
     assert any(float(s.abs().sum()) > 0 for step in theirs for s in step.values())
     for got, want in zip(theirs, expected):
@@ -285,3 +287,35 @@ def test_a_causal_lm_is_trained_on_each_examples_own_token_loss(folders: dict[st
                              privacy=_privacy(noise_multiplier=1.0))
     trainer.train()
     assert load_ledger(tmp_path)["steps_completed"] == 2
+
+
+def test_an_empty_poisson_batch_is_a_noisy_step_without_a_forward(folders: dict[str, Path],
+                                                                  tmp_path: Path) -> None:
+    trainer = _trainer(folders, tmp_path, per_device_train_batch_size=1,
+                       gradient_accumulation_steps=1, max_steps=6,
+                       privacy=_privacy(noise_multiplier=1.0))
+    sampler = trainer.get_train_dataloader().poisson_sampler
+    drawn: list[int] = []
+    draw = sampler.draw
+    sampler.draw = lambda: drawn.append(len(indices := draw())) or indices  # type: ignore[method-assign]
+    forwards: list[int] = []
+    trainer.model.register_forward_pre_hook(
+        lambda _m, _a, kw: forwards.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    assert 0 in drawn[:6] and trainer.dp_optimizer.steps_taken == 6
+    assert sum(forwards) == sum(drawn[:6]) and 0 not in forwards
+    assert all(not torch.equal(p, b) for p, b in zip(trainer.model.parameters(), before))
+
+
+def test_evaluation_uses_the_trainers_own_loss(folders: dict[str, Path], tmp_path: Path) -> None:
+    model = transformers.AutoModelForCausalLM.from_pretrained(folders["gpt2"]).double()
+    ids = torch.arange(5, 5 + 6 * 4).reshape(4, 6)
+    labels = [row.masked_fill(torch.arange(6) >= 2 + i, -100) for i, row in enumerate(ids)]
+    data = [{"input_ids": ids[i], "labels": labels[i]} for i in range(4)]
+    plain = transformers.Trainer(model=copy.deepcopy(model), args=_args(tmp_path / "plain"),
+                                 eval_dataset=data)
+    private = PrivateTrainer(model=model, args=_args(tmp_path / "private"), train_dataset=data,
+                             eval_dataset=data, privacy=_privacy())
+    assert private.evaluate()["eval_loss"] == pytest.approx(plain.evaluate()["eval_loss"],
+                                                            rel=1e-12)
