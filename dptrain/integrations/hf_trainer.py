@@ -237,8 +237,8 @@ class PrivateTrainer(Trainer):
     """
 
     def __init__(self, *args: Any, privacy: PrivacyArguments,
-                 per_example_loss: PerExampleLoss | None = None, dataset_name: str = "train_dataset",
-                 **kwargs: Any) -> None:
+                 per_example_loss: PerExampleLoss | None = None,
+                 dataset_name: str = "train_dataset", **kwargs: Any) -> None:
         if not isinstance(privacy, PrivacyArguments):
             raise ConfigError(f"privacy={privacy!r} must be a PrivacyArguments.")
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
@@ -247,9 +247,14 @@ class PrivateTrainer(Trainer):
                               "privacy ledger is written to its output_dir.")
         check_training_arguments(training_args, type(self))
         if kwargs.get("compute_loss_func") is not None:
-            raise ConfigError("PrivateTrainer(compute_loss_func=...) is not supported: it returns a "
-                              "batch loss, and DP-SGD needs one loss per example. Pass "
+            raise ConfigError("PrivateTrainer(compute_loss_func=...) is not supported: it returns "
+                              "a batch loss, and DP-SGD needs one loss per example. Pass "
                               "per_example_loss=fn(model, outputs, labels) -> Tensor[B] instead.")
+        if kwargs.get("model_init") is not None:
+            raise ConfigError("PrivateTrainer(model_init=...) is not supported: it serves "
+                              "hyperparameter_search, whose every trial trains on the same private "
+                              "data and spends privacy that one ledger would not charge. Pass "
+                              "model= and run one PrivateTrainer (one output_dir) per trial.")
         self.privacy = privacy
         self.logical_batch_size = (training_args.per_device_train_batch_size
                                    * training_args.gradient_accumulation_steps)
@@ -326,7 +331,8 @@ class PrivateTrainer(Trainer):
     def _ledger_config(self) -> dict[str, Any]:
         """What the ledger records of the run: the training and privacy arguments."""
         training = json_safe(self.args.to_dict())
-        training["gradient_accumulation_steps"] = self.logical_batch_size // self.physical_batch_size
+        accumulation = self.logical_batch_size // self.physical_batch_size
+        training["gradient_accumulation_steps"] = accumulation   # the caller's, not the copy's
         return {"trainer": f"transformers.{Trainer.__name__} (dptrain PrivateTrainer)",
                 "training_args": training, "privacy": json_safe(asdict(self.privacy)),
                 "model": type(self.model).__name__}

@@ -140,7 +140,7 @@ def test_gradient_accumulation_gives_one_noisy_step_per_logical_poisson_batch(
     sampler = trainer.get_train_dataloader().poisson_sampler
     drawn: list[int] = []
     draw = sampler.draw
-    sampler.draw = lambda: drawn.append(len(indices := draw())) or indices  # type: ignore[method-assign]
+    sampler.draw = lambda: drawn.append(len(indices := draw())) or indices  # type: ignore
     rows: list[int] = []
     trainer.model.register_forward_pre_hook(
         lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
@@ -228,6 +228,13 @@ def test_trainer_settings_that_would_change_the_sampling_rate_are_refused(
         _trainer(folders, tmp_path, **{setting: value})
 
 
+def test_model_init_for_a_hyperparameter_search_is_refused(folders: dict[str, Path],
+                                                           tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="model_init"):
+        PrivateTrainer(model_init=lambda: _bert(folders), args=_args(tmp_path),
+                       train_dataset=Reviews(24, 50), privacy=_privacy())
+
+
 def test_a_subclass_with_its_own_train_sampler_is_refused(folders: dict[str, Path],
                                                           tmp_path: Path) -> None:
     class Ordered(PrivateTrainer):
@@ -297,7 +304,7 @@ def test_an_empty_poisson_batch_is_a_noisy_step_without_a_forward(folders: dict[
     sampler = trainer.get_train_dataloader().poisson_sampler
     drawn: list[int] = []
     draw = sampler.draw
-    sampler.draw = lambda: drawn.append(len(indices := draw())) or indices  # type: ignore[method-assign]
+    sampler.draw = lambda: drawn.append(len(indices := draw())) or indices  # type: ignore
     forwards: list[int] = []
     trainer.model.register_forward_pre_hook(
         lambda _m, _a, kw: forwards.append(kw["input_ids"].shape[0]), with_kwargs=True)
