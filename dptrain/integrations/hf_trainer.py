@@ -162,6 +162,20 @@ def check_training_arguments(args: Any, trainer: type) -> None:
                            "loss.")
 
 
+def _check_trainer_arguments(kwargs: dict[str, Any]) -> None:
+    """ConfigError for the Trainer arguments a private run cannot honour: a batch loss
+    (`compute_loss_func`) and a model factory for hyperparameter search (`model_init`)."""
+    if kwargs.get("compute_loss_func") is not None:
+        raise ConfigError("PrivateTrainer(compute_loss_func=...) is not supported: it returns a "
+                          "batch loss, and DP-SGD needs one loss per example. Pass "
+                          "per_example_loss=fn(model, outputs, labels) -> Tensor[B] instead.")
+    if kwargs.get("model_init") is not None:
+        raise ConfigError("PrivateTrainer(model_init=...) is not supported: it serves "
+                          "hyperparameter_search, whose every trial trains on the same private "
+                          "data and spends privacy that one ledger would not charge. Pass model= "
+                          "and run one PrivateTrainer (one output_dir) per trial.")
+
+
 def _is_causal_lm(model: nn.Module) -> bool:
     """True for a causal language model (labels are the inputs, shifted inside the loss): its
     class, or a PEFT model's base class, is one of transformers' causal LM heads."""
@@ -246,15 +260,7 @@ class PrivateTrainer(Trainer):
             raise ConfigError("PrivateTrainer needs args=TrainingArguments(output_dir=...): the "
                               "privacy ledger is written to its output_dir.")
         check_training_arguments(training_args, type(self))
-        if kwargs.get("compute_loss_func") is not None:
-            raise ConfigError("PrivateTrainer(compute_loss_func=...) is not supported: it returns "
-                              "a batch loss, and DP-SGD needs one loss per example. Pass "
-                              "per_example_loss=fn(model, outputs, labels) -> Tensor[B] instead.")
-        if kwargs.get("model_init") is not None:
-            raise ConfigError("PrivateTrainer(model_init=...) is not supported: it serves "
-                              "hyperparameter_search, whose every trial trains on the same private "
-                              "data and spends privacy that one ledger would not charge. Pass "
-                              "model= and run one PrivateTrainer (one output_dir) per trial.")
+        _check_trainer_arguments(kwargs)
         self.privacy = privacy
         self.logical_batch_size = (training_args.per_device_train_batch_size
                                    * training_args.gradient_accumulation_steps)
