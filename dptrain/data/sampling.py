@@ -18,9 +18,10 @@ in secure mode, the OS CSPRNG.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
@@ -128,15 +129,22 @@ class PoissonBatchSampler(Sampler[list[int]]):
 
 
 def _empty_like(batch: Any) -> Any:
-    """The same structure with every tensor cut to 0 rows (lists emptied, other leaves kept)."""
-    if isinstance(batch, torch.Tensor):
+    """The same structure with every tensor and array cut to 0 rows (lists emptied, scalars and
+    strings kept). Every mapping is walked, not only dicts: a collator's own mapping type (a
+    Hugging Face BatchEncoding) would otherwise pass through whole, and an empty Poisson batch
+    would train on the example the shape was taken from."""
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
         return batch[:0]
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
         return type(batch)(*(_empty_like(b) for b in batch))
     if isinstance(batch, (tuple, list)):
         return type(batch)(_empty_like(b) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _empty_like(v) for k, v in batch.items()}
+    if isinstance(batch, Mapping):
+        emptied = {k: _empty_like(v) for k, v in batch.items()}
+        try:
+            return type(batch)(emptied)
+        except TypeError:   # a mapping type that cannot be built from a dict
+            return emptied
     return batch
 
 

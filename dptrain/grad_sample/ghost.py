@@ -493,6 +493,7 @@ class GhostClippingModule(GradSampleModule):
             if p.grad is not None and self._grad_before.get(id(p), None) != _grad_state(p)
         ]
         if missing:
+            self._refuse_eval_mode(missing)
             raise UnsupportedModuleError(
                 f"Parameters {missing} received a gradient that ghost clipping did not capture: a "
                 f"parameter was used outside the forward of the module that owns it (call that "

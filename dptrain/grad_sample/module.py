@@ -753,6 +753,18 @@ class GradSampleModule(nn.Module):
             sums[p] = weighted_sample_sum(gs.reshape(batch, -1), w).view(p.shape)
         return sums
 
+    def _refuse_eval_mode(self, missing: list[str]) -> None:
+        """When the gradients of `missing` arrived uncaptured because the whole model is in eval
+        mode: say so and how to fix it (the step would otherwise drop them and release noise
+        alone)."""
+        if not self._module.training:
+            raise UnsupportedModuleError(
+                f"Parameters {missing} received a gradient but no per-sample gradient: the model "
+                "is in eval mode (model.eval(), or Hugging Face's from_pretrained, which returns "
+                "models in eval mode), so nothing was captured and the step would release noise "
+                "alone. Call model.train() before training (and model.eval() only around "
+                "evaluation).")
+
     def clear_per_sample(self) -> None:
         """Free every per-sample gradient captured so far (``p.grad_sample = None``)."""
         for p in self._module.parameters():
@@ -771,6 +783,7 @@ class GradSampleModule(nn.Module):
             if p.grad is not None and getattr(p, "grad_sample", None) is None
         ]
         if missing:
+            self._refuse_eval_mode(missing)
             raise UnsupportedModuleError(
                 f"Parameters {missing} received a gradient but no per-sample gradient. This happens "
                 f"when a parameter is used outside the forward of the module that owns it (e.g. "

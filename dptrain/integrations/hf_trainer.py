@@ -205,17 +205,6 @@ def default_per_example_loss(model: nn.Module, outputs: Any, labels: Tensor) -> 
         "-> Tensor[B] to PrivateTrainer.")
 
 
-def _as_dict_collate(collate: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
-    """`collate` returning a plain dict where it returns another mapping (a BatchEncoding), so
-    that an empty Poisson batch is collated to 0 rows of every tensor (the sampler's empty-batch
-    rule cuts dicts, tuples and tensors)."""
-    def collate_as_dict(samples: list[Any]) -> Any:
-        batch = collate(samples)
-        return dict(batch) if isinstance(batch, Mapping) and not isinstance(batch, dict) else batch
-
-    return collate_as_dict
-
-
 def _rows(batch: Any) -> int:
     """The rows of a collated batch (dim 0 of its first tensor; 0 without one)."""
     for value in (batch.values() if isinstance(batch, Mapping) else batch):
@@ -301,7 +290,7 @@ class PrivateTrainer(Trainer):
         batches over the Trainer's (column-pruned) dataset and collator; the ledger."""
         template = super().get_train_dataloader()   # never iterated: its dataset and collator
         plain = DataLoader(template.dataset, batch_size=self.logical_batch_size,
-                           collate_fn=_as_dict_collate(template.collate_fn),
+                           collate_fn=template.collate_fn,
                            num_workers=self.args.dataloader_num_workers,
                            pin_memory=self.args.dataloader_pin_memory)
         optimizer = super().create_optimizer()

@@ -219,6 +219,9 @@ class DPOptimizer(Optimizer):
         """
         source = self.module
         if source.per_sample_batch_size() == 0:
+            # an empty Poisson batch, or nothing captured although a backward ran (a model in
+            # eval mode: its gradients would be dropped and the step would release noise alone)
+            source.check_complete()
             self._clear_per_sample()
             return
         if self._earlier_rows_pending or self._earlier_sum_pending:

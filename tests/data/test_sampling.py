@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -78,6 +79,23 @@ def test_empty_batches_are_zero_row_tensors_with_the_right_trailing_shape():
     for x, y in loader:
         assert x.shape == (0, 3, 2) and x.dtype == torch.float32
         assert y.shape == (0,) and y.dtype == torch.int64
+
+
+def test_an_empty_batch_of_a_collator_returning_its_own_mapping_type_has_no_rows():
+    from transformers import BatchEncoding
+
+    def collate(samples: list) -> BatchEncoding:   # as Hugging Face collators return
+        return BatchEncoding({"input_ids": torch.stack([x for x, _ in samples]),
+                              "labels": torch.stack([y for _, y in samples]),
+                              "lengths": np.array([3] * len(samples))})
+
+    dataset = TensorDataset(torch.randn(5, 3), torch.arange(5))
+    loader = DPDataLoader(dataset, sample_rate=1e-9, steps=2, collate_fn=collate,
+                          generator=torch.Generator().manual_seed(0))
+    for batch in loader:   # never example 0's data: no example was drawn
+        assert isinstance(batch, BatchEncoding)
+        assert batch["input_ids"].shape == (0, 3) and batch["labels"].shape == (0,)
+        assert batch["lengths"].shape == (0,)
 
 
 def test_from_data_loader_keeps_the_dataset_collate_and_uses_batch_size_over_n():

@@ -352,3 +352,21 @@ def test_stepping_while_iterating_the_original_loader_is_refused():
     with pytest.raises(PrivacyError, match="data loader returned by make_private"):
         optimizer.step()
     assert len(engine.accountant) == 0
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_a_model_left_in_eval_mode_is_refused_not_trained_on_noise_alone(mode: str) -> None:
+    import dptrain
+    from dptrain.errors import UnsupportedModuleError
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    model.eval()   # as Hugging Face's from_pretrained returns a model
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4), torch.randint(2, (32,)))
+    model, optimizer, loader = dptrain.PrivacyEngine().make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=torch.utils.data.DataLoader(data, 8), noise_multiplier=1.0,
+        max_grad_norm=1.0, grad_sample_mode=mode)
+    x, y = next(x_y for x_y in loader if len(x_y[0]) > 0)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(UnsupportedModuleError, match="in eval mode .* Call model.train"):
+        optimizer.step()
