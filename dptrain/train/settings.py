@@ -6,7 +6,10 @@ the schema of `train`) load without torch.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -21,6 +24,43 @@ from dptrain.checks import (
     setting,
 )
 from dptrain.errors import ConfigError
+
+# How a message names a run setting: by its config key under the `dptrain` command (which sets
+# this, `command_line_names`), by the Python argument that sets it otherwise.
+_COMMAND_LINE_NAMES: ContextVar[bool] = ContextVar("command_line_names", default=False)
+# config key -> (the Python call, its argument) for the keys whose names differ; any other
+# `train.X` is `TrainSettings(X=...)`.
+_PYTHON_ARGUMENTS = {
+    "hydra.run.dir": ("TrainSettings", "run_dir"),
+    "privacy.target_epsilon": ("private_job", "target_epsilon"),
+    "privacy.secure_mode": ("PrivacyEngine", "secure_mode"),
+}
+
+
+@contextlib.contextmanager
+def command_line_names() -> Iterator[None]:
+    """Within the block, messages name settings by their config keys (`setting_name`)."""
+    token = _COMMAND_LINE_NAMES.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_LINE_NAMES.reset(token)
+
+
+def setting_name(key: str, value: Any = None) -> str:
+    """How a message names the setting of config key `key` (e.g. "train.resume"), with `value`
+    when given: `train.resume=auto` under the command, `TrainSettings(resume='auto')` from
+    Python (`TrainSettings.resume` without a value)."""
+    if _COMMAND_LINE_NAMES.get():
+        return key if value is None else f"{key}={_shown(value)}"
+    call, argument = _PYTHON_ARGUMENTS.get(key, ("TrainSettings", key.partition(".")[2]))
+    return f"{call}.{argument}" if value is None else f"{call}({argument}={value!r})"
+
+
+def _shown(value: Any) -> str:
+    """A value as an override writes it: true / false for booleans."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
 
 RESUME = Rule("a checkpoint path or auto (the newest checkpoint of the run folder), or null",
               lambda v: v is None or isinstance(v, str))
