@@ -31,6 +31,7 @@ from dptrain.cli.privacy_request import (  # noqa: F401  (privacy_mode: part of 
 from dptrain.checks import default_delta
 from dptrain.cli.schema import check_hardware, check_optimizer
 from dptrain.data.datasets import DatasetSplits, load_dataset
+from dptrain.data.datasets.text import TOKENIZER_KEY
 from dptrain.distributed.launch import join_run, wrap_model
 from dptrain.errors import (
     ConfigError,
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 TRAIN_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig))
 EVAL_BATCH_SIZE = 1024
 MAX_LISTED = 4  # submodule paths named per kind of validation problem
+FOLLOWED_KEY = "model.name_or_path"  # what a text dataset's tokenizer follows by default
 
 
 # ----------------------------------------------------------------------------- config helpers
@@ -122,20 +124,39 @@ def build_precision(hardware: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------- dataset, model
-def build_dataset(dataset: dict[str, Any], seed: int) -> DatasetSplits:
+def build_dataset(dataset: dict[str, Any], seed: int,
+                  tokenizer_key: str = TOKENIZER_KEY) -> DatasetSplits:
     """The train/test (and validation) splits named by `dataset.name` with the group's options.
 
     With `dataset.download=true` under hardware=ddp the ranks take turns (rank 0 first), so that
     no two ranks download into the same `dataset.root` at once (dptrain.cli.download).
+    `tokenizer_key` is the key the user set the tokenizer with (`tokenizer_key(cfg)`): an error
+    about the tokenizer names it instead of dataset.tokenizer.
     """
     options = dict(dataset)
     name = _require(options, "dataset", "name")
     options.pop("name")
     if options.get("root") is None:
         options.pop("root", None)
-    if options.get("download"):
-        return in_turns(lambda: load_dataset(name, seed=seed, **options))
-    return load_dataset(name, seed=seed, **options)
+    try:
+        if options.get("download"):
+            return in_turns(lambda: load_dataset(name, seed=seed, **options))
+        return load_dataset(name, seed=seed, **options)
+    except ConfigError as error:
+        if tokenizer_key == TOKENIZER_KEY or TOKENIZER_KEY not in str(error):
+            raise
+        raise ConfigError(str(error).replace(TOKENIZER_KEY, tokenizer_key)) from error
+
+
+def tokenizer_key(cfg: DictConfig) -> str:
+    """The key that set a text dataset's tokenizer: `model.name_or_path` when dataset.tokenizer
+    still follows it (the text datasets' default, `${oc.select:model.name_or_path,null}`), else
+    dataset.tokenizer."""
+    dataset = cfg.get("dataset")
+    raw = OmegaConf.to_container(dataset, resolve=False).get("tokenizer") if isinstance(
+        dataset, DictConfig) else None
+    follows = isinstance(raw, str) and "${" in raw and FOLLOWED_KEY in raw
+    return FOLLOWED_KEY if follows else TOKENIZER_KEY
 
 
 def warn_private_preprocessing(splits: DatasetSplits) -> None:
@@ -390,7 +411,7 @@ def build_job(cfg: DictConfig, run_dir: Path, prepare_splits: Callable[[DatasetS
     hardware = resolved["hardware"]
     device, precision = build_device(hardware), build_precision(hardware)
     num_workers = int(hardware.get("num_workers", 0))
-    splits = build_dataset(resolved["dataset"], settings.seed)
+    splits = build_dataset(resolved["dataset"], settings.seed, tokenizer_key(cfg))
     if prepare_splits is not None:
         splits = prepare_splits(splits)
     warn_private_preprocessing(splits)
