@@ -328,9 +328,9 @@ def sweep_figure(points: Sequence[SweepPoint], title: str = "", delta: float | N
         line = sorted((p for p in private if p.series == name), key=lambda p: p.epsilon)
         ax.plot([p.epsilon for p in line], [p.test_accuracy for p in line], marker="o",
                 label=name or None, zorder=3)
-        for i, point in enumerate(line):   # neighbours' labels above / below their points
+        for point in line:   # below right of the point, under a rising line
             ax.annotate(point.label, (point.epsilon, point.test_accuracy), fontsize=FONT_SIZE,
-                        textcoords="offset points", xytext=(5, 6 if i % 2 == 0 else -14))
+                        textcoords="offset points", xytext=(6, -6), va="top")
     for point in points:
         if point.epsilon is None:
             ax.axhline(point.test_accuracy, color="grey", linestyle="--",
@@ -340,8 +340,9 @@ def sweep_figure(points: Sequence[SweepPoint], title: str = "", delta: float | N
                 transform=ax.transAxes, fontsize=FONT_SIZE)
     if len(series) > 1 or any(p.epsilon is None for p in points):
         ax.legend(fontsize=FONT_SIZE)
-    ax.margins(x=0.15, y=0.12)   # room for the labels of the outermost points
-    ax.set_xlim(left=0)
+    ax.margins(y=0.12)
+    if private:   # from 0, with room for the label of the rightmost point
+        ax.set_xlim(0, 1.2 * max(p.epsilon for p in private))
     _percent_axis(ax.yaxis)
     _style(ax, title, "epsilon" + (f" (delta = {delta:g})" if delta else ""), "test accuracy")
     if note:

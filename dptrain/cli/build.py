@@ -297,7 +297,26 @@ def build_loaders(
         return DataLoader(dataset, batch_size=eval_batch, shuffle=False, num_workers=num_workers)
 
     validation = None if splits.validation is None else in_order(splits.validation)
-    return train, in_order(splits.test), validation
+    return train, in_order(smoke_test_split(splits, settings)), validation
+
+
+def smoke_test_split(splits: DatasetSplits, settings: TrainSettings) -> torch.utils.data.Dataset:
+    """The test split a run evaluates: all of it, except in a smoke test (synthetic data,
+    `dataset.synthetic=true`, with `train.max_steps` set), which evaluates as many test
+    examples as it trains on, max_steps x batch_size (its accuracy on random data means nothing,
+    and the 25,000 synthetic IMDb test reviews would take minutes); said in a note."""
+    test = splits.test
+    if not splits.info.get("synthetic") or settings.max_steps is None:
+        return test
+    cap = settings.max_steps * settings.batch_size
+    if cap >= len(test):
+        return test
+    from dptrain.train.display import note
+
+    note(f"Smoke test (dataset.synthetic=true, train.max_steps={settings.max_steps}): evaluating "
+         f"on the first {cap:,} of the {len(test):,} synthetic test examples "
+         "(train.max_steps x train.batch_size).")
+    return torch.utils.data.Subset(test, range(cap))
 
 
 # ----------------------------------------------------------------------------- privacy
