@@ -45,7 +45,7 @@ from dptrain.privacy.engine import PrivacyEngine
 from dptrain.train.job import PrivacySettings, TrainingJob, check_model_selection
 from dptrain.train.loggers import make_loggers
 from dptrain.train.loop import seed_everything
-from dptrain.train.settings import TrainConfig, TrainSettings
+from dptrain.train.settings import TrainConfig, TrainSettings, command_line_names
 from dptrain.validation import ModuleValidator
 
 log = logging.getLogger(__name__)
@@ -90,11 +90,13 @@ def _require(section: dict[str, Any], group: str, key: str) -> Any:
 
 # ----------------------------------------------------------------------------- train settings
 def build_settings(train: dict[str, Any], run_dir: Path) -> TrainSettings:
-    """TrainSettings from the `train` group, with every value checked (by TrainSettings)."""
+    """TrainSettings from the `train` group, with every value checked (by TrainSettings, its
+    refusals naming the config keys)."""
     reject_unknown_keys(train, "train", TRAIN_KEYS)
     for key in ("epochs", "batch_size"):
         _require(train, "train", key)
-    return TrainSettings(run_dir=run_dir, **train)
+    with command_line_names():
+        return TrainSettings(run_dir=run_dir, **train)
 
 
 # ----------------------------------------------------------------------------- hardware

@@ -20,7 +20,7 @@ from dptrain.checks import (
     NON_NEGATIVE_INT,
     POSITIVE_INT,
     Rule,
-    check_fields,
+    field_rules,
     setting,
 )
 from dptrain.errors import ConfigError
@@ -92,13 +92,16 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if isinstance(self.resume, os.PathLike):
             self.resume = os.fspath(self.resume)
-        check_fields(self, TrainConfig, "train")
+        for name, rule in field_rules(TrainConfig).items():
+            rule.check(getattr(self, name), setting_name(f"train.{name}"))
         physical, batch = self.max_physical_batch_size, self.batch_size
         if physical is not None and physical > batch:
+            chunk, logical = (setting_name("train.max_physical_batch_size"),
+                              setting_name("train.batch_size"))
             raise ConfigError(
-                f"train.max_physical_batch_size={physical} is larger than train.batch_size={batch}: "
-                f"physical chunks split a logical batch, so set train.max_physical_batch_size<={batch} "
-                f"(or null to process each logical batch at once)."
+                f"{chunk}={physical} is larger than {logical}={batch}: physical chunks split a "
+                f"logical batch, so set {chunk}<={batch} (or None / null to process each logical "
+                "batch at once)."
             )
 
 

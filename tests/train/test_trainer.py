@@ -144,8 +144,8 @@ def test_unwritable_output_folder_is_a_config_error_before_training(tmp_path: Pa
         train(make_job(private=False), make_settings(blocker / "run"))
 
 
-def test_negative_epochs_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="train.epochs"):
+def test_negative_epochs_is_a_config_error_naming_the_python_argument(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"TrainSettings\.epochs=-1"):
         train(make_job(private=False), make_settings(tmp_path, epochs=-1))
 
 
