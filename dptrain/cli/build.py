@@ -322,24 +322,26 @@ def smoke_test_split(splits: DatasetSplits, settings: TrainSettings) -> torch.ut
 
 
 # ----------------------------------------------------------------------------- privacy
-def _target_delta(configured: Any, num_examples: int) -> float:
-    """`privacy.target_delta`, or the 1/(10 N) rule when it is null (said in the run's log)."""
+def _target_delta(configured: Any, num_examples: int, unit: str = "training examples") -> float:
+    """`privacy.target_delta`, or the 1/(10 N) rule when it is null (said in the run's log); N
+    counts `unit` (examples, or users with privacy.unit=user)."""
     if configured is not None:
         delta = float(configured)
         if num_examples and delta >= 1.0 / num_examples:
             raise ConfigError(
                 f"privacy.target_delta={configured} is not below 1/N = {1.0 / num_examples:.3g} "
-                f"(N = {num_examples} training examples): a mechanism that publishes one random "
-                f"training example satisfies that delta, so the epsilon reported would protect no "
+                f"(N = {num_examples} {unit}): a mechanism that publishes one random "
+                f"training example (or user) satisfies that delta, so the epsilon reported would protect no "
                 f"one. Set privacy.target_delta well below 1/N, e.g. "
                 f"{default_delta(num_examples):g}, or null for 1/(10 N) rounded down.")
         return delta
     delta = default_delta(num_examples)
     log.info(
         "privacy.target_delta is null: using delta = %g, 1/(10 N) rounded down to a power of "
-        "ten for N = %d training examples (set privacy.target_delta to choose it).",
+        "ten for N = %d %s (set privacy.target_delta to choose it).",
         delta,
         num_examples,
+        unit,
     )
     return delta
 
@@ -354,6 +356,21 @@ def _unreachable_in_keys(error: UnreachableEpsilonError, settings: TrainSettings
         f"{error.sample_rate:.3g}, and even sigma = 10000 spends epsilon {error.best:.4g} at "
         f"delta {error.delta:g}. Raise privacy.target_epsilon to at least {error.best:.3g}, or "
         f"lower train.epochs or train.batch_size.")
+
+
+def user_level_arguments(request: PrivacyRequest, dataset: Any) -> dict[str, Any]:
+    """make_private's user-level keywords for privacy.unit=user (the training split's user ids,
+    from dataset.user_column); {} for example-level privacy. ConfigError when the dataset has no
+    user ids."""
+    if request.unit != "user":
+        return {}
+    user_ids = getattr(dataset, "user_ids", None)
+    if user_ids is None:
+        raise ConfigError("privacy.unit=user needs the user of every training example: set "
+                          "dataset.user_column=COLUMN (dataset=text: the CSV/JSON/Parquet column "
+                          "naming each row's user), or use privacy.unit=example.")
+    return {"privacy_unit": "user", "user_ids": user_ids,
+            "max_examples_per_user": request.max_examples_per_user}
 
 
 def _make_engine(request: PrivacyRequest, seed: int) -> Any:
@@ -374,7 +391,9 @@ def make_private_job(
     """`request` applied through the engine: (engine, model, optimizer, loader, settings)."""
     if not request.private:
         return None, model, optimizer, loader, PrivacySettings(enabled=False, poisson_sampling=False)
-    delta = _target_delta(request.target_delta, num_examples)
+    unit = user_level_arguments(request, loader.dataset)
+    num_units = len(unit["user_ids"].unique()) if unit else num_examples  # N: examples or users
+    delta = _target_delta(request.target_delta, num_units, "users" if unit else "training examples")
     engine = _make_engine(request, settings.seed)
     max_grad_norm = request.max_grad_norm
     common = dict(
@@ -385,6 +404,7 @@ def make_private_job(
         clipping=request.clipping,
         grad_sample_mode=request.grad_sample_mode,
         poisson_sampling=request.poisson_sampling,
+        **unit,
     )
     if request.calibrated:
         try:
@@ -393,7 +413,7 @@ def make_private_job(
                 epochs=settings.epochs
             )
         except UnreachableEpsilonError as error:
-            raise _unreachable_in_keys(error, settings, num_examples) from error
+            raise _unreachable_in_keys(error, settings, num_units) from error
     else:
         model, optimizer, loader = engine.make_private(
             **common, noise_multiplier=request.noise_multiplier,

@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 from dptrain.accounting import get_accountant, get_noise_multiplier
 from dptrain.data.distributed import DistributedDPDataLoader
 from dptrain.data.sampling import DPDataLoader, dataset_size, default_sample_rate
+from dptrain.data.user_sampling import UserDPDataLoader, user_groups, user_sample_rate
 from dptrain.distributed.ddp import unwrap_ddp
 from dptrain.grad_sample.ghost import GhostClippingModule
 from dptrain.grad_sample.module import GradSampleModule
@@ -43,6 +44,8 @@ from dptrain.privacy.distributed import DistributedDPOptimizer
 from dptrain.randomness import derive_seeds, make_generator
 from dptrain.privacy.optimizer import DPOptimizer
 from dptrain.privacy.schedules import Schedule, as_schedule
+from dptrain.privacy.user_level import (UserLevelClipper, UserLevelRequest,
+                                        check_user_level_source, user_level_request)
 
 GRAD_SAMPLE_MODES = ("hooks", "ghost")
 _INTERFACE = ("per_sample_batch_size", "squared_norms", "weighted_sum", "clear_per_sample",
@@ -182,6 +185,7 @@ class PrivacyEngine:
         self.data_loader: Any = None
         self.dataset_size: int | None = None
         self.poisson_sampling = True
+        self.privacy_unit = "example"  # "user" after make_private(privacy_unit="user")
 
     # -- making things private ---------------------------------------------------------------
     def make_private(self, *, module: nn.Module, optimizer: Optimizer, data_loader: DataLoader,
@@ -192,7 +196,9 @@ class PrivacyEngine:
                      sample_rate_schedule: ScheduleSpec = None, allow_non_poisson: bool = False,
                      batch_first: bool = True, loss_reduction: str = "mean",
                      target_unclipped_quantile: float = 0.5, clipbound_learning_rate: float = 0.2,
-                     count_noise_std: float | None = None) -> tuple[Any, DPOptimizer, Any]:
+                     count_noise_std: float | None = None, privacy_unit: str = "example",
+                     user_ids: Any = None, max_examples_per_user: int | None = None
+                     ) -> tuple[Any, DPOptimizer, Any]:
         """The private (module, optimizer, data_loader); see docs/python-api.md.
 
         `noise_generator`: a seeded generator for the noise, an opt-in to reproducible noise (not
@@ -200,13 +206,19 @@ class PrivacyEngine:
         `reproducible_mechanism` seeds the noise and the sampling from `seed`.
         Adaptive clipping (clipping="adaptive") uses target_unclipped_quantile,
         clipbound_learning_rate and count_noise_std (default expected_batch_size / 20).
+        User-level DP (privacy_unit="user", dptrain.privacy.user_level): `user_ids` holds one
+        user id per example of the loader's dataset; users are Poisson-sampled at
+        q = batch_size / N_users, each contributes at most `max_examples_per_user` examples
+        (None: all) and its mean gradient is clipped to max_grad_norm.
         Raises PrivacyError / ConfigError naming the argument for any unusable value.
         """
         module, distributed = unwrap_ddp(module)  # a DDP model: its inner module
+        users = user_level_request(privacy_unit, user_ids, max_examples_per_user,
+                                   grad_sample_mode, distributed)
         loader_class, optimizer_class = private_classes(distributed, poisson_sampling)
         sigma = check_noise_multiplier(noise_multiplier)
         check_max_grad_norm(max_grad_norm, per_layer=clipping == "per_layer")
-        num_samples, sample_rate = self._loader_rate(data_loader)
+        num_samples, sample_rate = self._unit_rate(data_loader, users)
         if noise_generator is not None and self.secure_mode:
             raise ConfigError("noise_generator cannot be used with secure_mode=True: secure mode "
                               "draws all noise from the OS CSPRNG. Drop one of the two.")
@@ -224,8 +236,14 @@ class PrivacyEngine:
                                    count_noise_std=count_noise_std)
             clipper.gradient_noise_multiplier(sigma)  # adaptive: fails now if sigma_b is too small
             self._place_noise_generator([p for _, p in named])
-            private_loader = self._private_loader(data_loader, poisson_sampling,
-                                                  allow_non_poisson, rate_sched, loader_class)
+            if users is None:
+                private_loader = self._private_loader(data_loader, poisson_sampling,
+                                                      allow_non_poisson, rate_sched, loader_class)
+            else:
+                check_user_level_source(source)
+                private_loader = self._user_loader(data_loader, users, poisson_sampling, rate_sched)
+                clipper = UserLevelClipper(clipper, [p for _, p in named],
+                                           private_loader.batch_user_groups)
             dp_optimizer = optimizer_class(
                 optimizer, sigma, None, expected_batch_size, clipper, module=source,
                 sample_rate=sample_rate,
@@ -241,6 +259,7 @@ class PrivacyEngine:
             dp_optimizer.follow_loader(private_loader)
         dp_optimizer.attach_step_hook(self._account_step)
         self.optimizer, self.data_loader, self.dataset_size = dp_optimizer, private_loader, num_samples
+        self.privacy_unit = "example" if users is None else "user"
         return source, dp_optimizer, private_loader
 
     def make_private_with_epsilon(self, *, target_epsilon: float, target_delta: float,
@@ -259,7 +278,10 @@ class PrivacyEngine:
         check_epsilon(target_epsilon, "target_epsilon", target=True)
         if not (isinstance(epochs, (int, float)) and epochs > 0):
             raise ConfigError(f"epochs={epochs!r} must be > 0 (the training length the budget covers).")
-        num_samples, sample_rate = self._loader_rate(data_loader)
+        users = user_level_request(kwargs.get("privacy_unit", "example"), kwargs.get("user_ids"),
+                                   kwargs.get("max_examples_per_user"),
+                                   kwargs.get("grad_sample_mode", "hooks"), False)
+        num_samples, sample_rate = self._unit_rate(data_loader, users)
         warn_if_delta_too_large(target_delta, num_samples, "target_delta")
 
         sigma = get_noise_multiplier(target_epsilon=target_epsilon, target_delta=target_delta,
@@ -377,6 +399,26 @@ class PrivacyEngine:
                                f"N = {num_samples}); it must be in (0, 1]: use a batch_size between "
                                f"1 and {num_samples}.")
         return num_samples, check_sample_rate(rate, "data_loader sample rate")
+
+    def _unit_rate(self, data_loader: DataLoader, users: UserLevelRequest | None) -> tuple[int, float]:
+        """(N, q) of the privacy unit: examples (`_loader_rate`), or users, q = batch_size / N_users."""
+        if users is None:
+            return self._loader_rate(data_loader)
+        num_users = len(user_groups(users.user_ids, dataset_size(data_loader)))
+        return num_users, user_sample_rate(data_loader, num_users)
+
+    def _user_loader(self, data_loader: DataLoader, users: UserLevelRequest, poisson_sampling: bool,
+                     rate_schedule: Schedule | None) -> UserDPDataLoader:
+        """The user-level Poisson loader (user-level DP needs Poisson sampling over users)."""
+        if not poisson_sampling:
+            raise ConfigError("privacy_unit='user' samples users with Poisson sampling: "
+                              "poisson_sampling=False (privacy.poisson_sampling) is not supported "
+                              "with it. Set poisson_sampling=True.")
+        self.poisson_sampling = True
+        return UserDPDataLoader.from_user_ids(
+            data_loader, users.user_ids, max_examples_per_user=users.max_examples_per_user,
+            generator=self.sampling_generator, secure=self.secure_mode,
+            sample_rate_schedule=rate_schedule)
 
     def _private_loader(self, data_loader: DataLoader, poisson_sampling: bool,
                         allow_non_poisson: bool, rate_schedule: Schedule | None,

@@ -41,6 +41,7 @@ from dptrain.accounting.history import (  # noqa: F401  (re-exported: the ledger
 from dptrain.checks import default_delta  # noqa: F401  (re-exported: where it was)
 from dptrain.errors import ConfigError, DPTrainError
 from dptrain.io import atomic_write_json, json_safe
+from dptrain.privacy.user_level import privacy_unit_of, user_level_mechanism
 from dptrain.train.job import TrainingJob
 from dptrain.train.ledger_check import edited_ledger_error, first_mismatch, record_mismatches
 from dptrain.train.settings import TrainSettings
@@ -676,6 +677,8 @@ def mechanism(job: TrainingJob) -> dict[str, Any]:
         "grad_sample_mode": p.grad_sample_mode,
         "noise_schedule": dict(p.noise_schedule),
     }
+    if privacy_unit_of(job.engine) == "user":
+        described.update(user_level_mechanism(job.engine))
     if described["randomness"] == "reproducible":
         described["randomness_note"] = REPRODUCIBLE_MECHANISM_NOTE
     strategies = layer_strategies(job.model)
