@@ -127,12 +127,12 @@ def build_precision(hardware: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- dataset, model
 def build_dataset(dataset: dict[str, Any], seed: int,
-                  tokenizer_key: str = TOKENIZER_KEY) -> DatasetSplits:
+                  tokenizer_named_by: str = TOKENIZER_KEY) -> DatasetSplits:
     """The train/test (and validation) splits named by `dataset.name` with the group's options.
 
     With `dataset.download=true` under hardware=ddp the ranks take turns (rank 0 first), so that
     no two ranks download into the same `dataset.root` at once (dptrain.cli.download).
-    `tokenizer_key` is the key the user set the tokenizer with (`tokenizer_key(cfg)`): an error
+    `tokenizer_named_by` is the key the user set the tokenizer with (`tokenizer_key`): an error
     about the tokenizer names it instead of dataset.tokenizer.
     """
     options = dict(dataset)
@@ -145,9 +145,9 @@ def build_dataset(dataset: dict[str, Any], seed: int,
             return in_turns(lambda: load_dataset(name, seed=seed, **options))
         return load_dataset(name, seed=seed, **options)
     except ConfigError as error:
-        if tokenizer_key == TOKENIZER_KEY or TOKENIZER_KEY not in str(error):
+        if tokenizer_named_by == TOKENIZER_KEY or TOKENIZER_KEY not in str(error):
             raise
-        raise ConfigError(str(error).replace(TOKENIZER_KEY, tokenizer_key)) from error
+        raise ConfigError(str(error).replace(TOKENIZER_KEY, tokenizer_named_by)) from error
 
 
 def tokenizer_key(cfg: DictConfig) -> str:
