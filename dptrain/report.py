@@ -6,8 +6,11 @@ A run: `run_series(records)` turns the records of its `metrics.jsonl` into one s
 `private` is asked for: then the records of `private_metrics.jsonl` (training loss and accuracy,
 validation metrics) are read too, and each private curve and the figure say they are private.
 A sweep: `sweep_points(summary)` takes the rows of its `sweep_summary.json` (one per job) to
-(epsilon, test accuracy) points labelled by the swept values; `plot_sweep` draws the
-privacy-utility plot, non-private jobs as horizontal baselines.
+(epsilon, test accuracy) points labelled by the swept values ("sigma = 1.0"), in series (one per
+value of the other swept overrides); `plot_sweep` draws the privacy-utility plot, each series a
+line in epsilon order, non-private jobs as horizontal baselines.
+Both are drawn to be put in a paper: accuracy in percent, epsilon from 0, text of at least
+FONT_SIZE points; `run_figure` and `sweep_figure` return the matplotlib Figure before it is saved.
 `dptrain report PATH` (dptrain.cli.report) finds these files and calls these functions.
 """
 
@@ -34,6 +37,8 @@ RUN_REPORT_FILENAME = "report.png"
 SWEEP_REPORT_FILENAME = "privacy_utility.png"
 PRIVATE_FIGURE_NOTE = ("PRIVATE metrics drawn (marked private): not covered by epsilon, do not "
                        "publish this figure")
+FONT_SIZE = 10   # points: the smallest text of a figure (tick labels, legends, notes)
+TITLE_SIZE = 12
 # The run plot's panels: title and the record keys drawn in it.
 PANELS = (
     ("loss", ("train_loss", "step_loss", "val_loss", "test_loss")),
@@ -102,12 +107,12 @@ def curve_label(key: str) -> str:
     return key if is_public(key) else f"{key} (private)"
 
 
-def plot_run(series: Mapping[str, Series], path: Path | str, title: str = "",
-             target_epsilon: float | None = None) -> Path:
-    """The run's curves (PANELS: loss, accuracy, epsilon spent, against the logical step) as a
-    PNG at `path`; a panel with no data says so; private curves are marked (`curve_label`) and
-    the title then says the figure is not to be published. Returns `path`."""
-    figure, axes = _figure(1, len(PANELS), (4.2 * len(PANELS), 3.4))
+def run_figure(series: Mapping[str, Series], title: str = "",
+               target_epsilon: float | None = None) -> Any:
+    """The run's curves (PANELS: loss, accuracy in percent, epsilon spent from 0, against the
+    logical step) as a matplotlib Figure; a panel with no data says so; private curves are
+    marked (`curve_label`) and the title then says the figure is not to be published."""
+    figure, axes = _figure(1, len(PANELS), (4.4 * len(PANELS), 3.8))
     private = False
     for ax, (name, keys) in zip(axes, PANELS):
         drawn = [key for key in keys if series.get(key) and series[key].steps]
@@ -119,17 +124,43 @@ def plot_run(series: Mapping[str, Series], path: Path | str, title: str = "",
                     alpha=0.6 if thin else 1.0)
         if name == "epsilon spent" and target_epsilon is not None and drawn:
             ax.axhline(target_epsilon, color="grey", linestyle="--", label="target epsilon")
+        if name == "epsilon spent":   # from 0, the target line below the top edge
+            ax.set_ylim(0, 1.08 * ax.get_ylim()[1])
+        if name == "accuracy":
+            _percent_axis(ax.yaxis)
         if not drawn:
-            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
-        ax.set_title(name)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes,
+                    fontsize=FONT_SIZE)
+        _style(ax, name, "step")
         if drawn:
-            ax.legend(fontsize="small")
+            ax.legend(fontsize=FONT_SIZE)
     title = "\n".join(part for part in (title, PRIVATE_FIGURE_NOTE if private else "") if part)
     if title:
-        figure.suptitle(title, fontsize="medium", color="darkred" if private else "black")
-    return _save(figure, Path(path))
+        figure.suptitle(title, fontsize=TITLE_SIZE, color="darkred" if private else "black")
+    return figure
+
+
+def plot_run(series: Mapping[str, Series], path: Path | str, title: str = "",
+             target_epsilon: float | None = None) -> Path:
+    """`run_figure` written as a PNG to `path`. Returns `path`."""
+    return _save(run_figure(series, title, target_epsilon), Path(path))
+
+
+def _percent_axis(axis: Any) -> None:
+    """Show an axis of fractions (accuracies in [0, 1]) in percent."""
+    from matplotlib.ticker import PercentFormatter
+
+    axis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
+
+
+def _style(ax: Any, title: str, xlabel: str, ylabel: str = "") -> None:
+    """Title, axis labels and tick labels of `ax` at readable sizes, and a light grid."""
+    ax.set_title(title, fontsize=TITLE_SIZE)
+    ax.set_xlabel(xlabel, fontsize=FONT_SIZE + 1)
+    if ylabel:
+        ax.set_ylabel(ylabel, fontsize=FONT_SIZE + 1)
+    ax.tick_params(labelsize=FONT_SIZE)
+    ax.grid(alpha=0.3)
 
 
 def _number(value: Any) -> float | None:
@@ -187,9 +218,21 @@ class SweepPoint:
     """One sweep job on the privacy-utility plot."""
 
     job: str                  # its folder, relative to the sweep folder
-    label: str                # the values the sweep varied, e.g. "noise_multiplier=1"
+    label: str                # the swept value the line runs along, e.g. "sigma = 1"
     epsilon: float | None     # None: a non-private job (privacy=none), drawn as a baseline
-    test_accuracy: float
+    test_accuracy: float      # a fraction, in [0, 1]
+    series: str = ""          # the other swept values, e.g. "learning rate = 0.1" ("": none)
+
+
+# How a plot names a swept key (any other: its last part, "_" read as a space).
+KEY_NAMES = {
+    "privacy.noise_multiplier": "sigma",
+    "privacy.target_epsilon": "target epsilon",
+    "privacy.max_grad_norm": "C",
+    "optimizer.lr": "learning rate",
+}
+# The swept keys that set epsilon: when one of them varies, the lines run along it.
+EPSILON_KEYS = ("privacy.noise_multiplier", "privacy.target_epsilon")
 
 
 def common_overrides(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -200,71 +243,117 @@ def common_overrides(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return [o for o in rows[0]["overrides"] if o in shared]
 
 
-def _short(override: str) -> str:
-    """"privacy.noise_multiplier=1" -> "noise_multiplier=1" (the key's last part)."""
-    key, sep, value = override.partition("=")
-    return f"{key.rsplit('.', 1)[-1]}{sep}{value}"
-
-
 def _key(override: str) -> str:
     return override.partition("=")[0]
 
 
-def sweep_points(summary: Mapping[str, Any]) -> list[SweepPoint]:
-    """The jobs of a sweep summary (sweep_summary.json) that finished with a test accuracy, as
-    points labelled by their varying overrides (short keys, unless two keys end alike).
+def _key_names(keys: Iterable[str]) -> dict[str, str]:
+    """{key: how the plot names it}: KEY_NAMES, else the key's last part; the full keys when two
+    names would be alike."""
+    keys = sorted(set(keys))
+    names = {k: KEY_NAMES.get(k, k.rsplit(".", 1)[-1].replace("_", " ")) for k in keys}
+    return names if len(set(names.values())) == len(names) else {k: k for k in keys}
 
-    A job without epsilon (privacy=none) becomes a point with epsilon None; a job with an
-    infinite epsilon (sigma = 0) has no place on the plot and is left out, like failed ones and
-    interrupted or preempted ones (their accuracy is that of an intermediate evaluation).
-    """
+
+def _varying(summary: Mapping[str, Any]) -> tuple[list[Mapping[str, Any]], list[list[str]]]:
+    """The jobs of a summary and, for each, the overrides that are not common to all jobs."""
     rows = list(summary.get("jobs", []))
     common = set(common_overrides(rows)) if len(rows) > 1 else set()
-    usable = [r for r in rows if r.get("status") not in ("failed", "interrupted", "preempted")
-              and _number(r.get("test_accuracy")) is not None
-              and (r.get("epsilon") is None or _number(r.get("epsilon")) is not None)]
-    varying = [[o for o in r["overrides"] if o not in common] for r in usable]
-    keys = {_key(o) for v in varying for o in v}
-    unique = len({_key(_short(k)) for k in keys}) == len(keys)   # no two keys end alike
-    labels = [", ".join(_short(o) if unique else o for o in v) for v in varying]
-    return [SweepPoint(str(r["job"]), label or str(r["job"]), _number(r.get("epsilon")),
-                       float(r["test_accuracy"]))
-            for r, label in zip(usable, labels)]
+    return rows, [[o for o in r["overrides"] if o not in common] for r in rows]
 
 
-def plot_sweep(points: Sequence[SweepPoint], path: Path | str, title: str = "",
-               delta: float | None = None, note: str = "") -> Path:
-    """The privacy-utility plot: test accuracy against epsilon, one labelled point per job,
-    non-private jobs as dashed horizontal lines, written as a PNG to `path`. Returns `path`.
-    `note` (what releasing the best job costs) is printed above the plot, wrapped."""
-    figure, (ax,) = _figure(1, 1, (6.4, 4.4))
-    private = sorted((p for p in points if p.epsilon is not None), key=lambda p: p.epsilon)
-    if private:
-        ax.scatter([p.epsilon for p in private], [p.test_accuracy for p in private],
-                   color="tab:blue", zorder=3)
-        for i, point in enumerate(private):   # neighbours' labels above / below their points
-            ax.annotate(point.label, (point.epsilon, point.test_accuracy), fontsize="small",
-                        textcoords="offset points", xytext=(4, 5 if i % 2 == 0 else -12))
-        epsilons = [p.epsilon for p in private]
-        if min(epsilons) > 0 and max(epsilons) / min(epsilons) > 20:
-            ax.set_xscale("log")
+def _along(varying: Sequence[Sequence[str]]) -> str | None:
+    """The swept key each line runs along: the first varying key that sets epsilon
+    (EPSILON_KEYS), else the first varying key (command-line order); None when nothing varies."""
+    keys = list(dict.fromkeys(_key(o) for v in varying for o in v))
+    return next((k for k in keys if k in EPSILON_KEYS), keys[0] if keys else None)
+
+
+def sweep_title(summary: Mapping[str, Any]) -> str:
+    """What the sweep varied, e.g. "Test accuracy against epsilon, varying sigma and learning
+    rate" ("" when only one job, or nothing, varied)."""
+    rows, varying = _varying(summary)
+    keys = list(dict.fromkeys(_key(o) for v in varying for o in v))
+    if len(rows) < 2 or not keys:
+        return ""
+    names = [_key_names(keys)[k] for k in keys]
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return f"Test accuracy against epsilon, varying {listed}"
+
+
+def sweep_points(summary: Mapping[str, Any]) -> list[SweepPoint]:
+    """The jobs of a sweep summary (sweep_summary.json) that finished with a test accuracy, as
+    points labelled by the swept value their line runs along (`_along`), in series by their
+    other swept values; readable names ("sigma = 1", `_key_names`).
+
+    A job without epsilon (privacy=none) becomes a point with epsilon None, labelled by all its
+    swept values; a job with an infinite epsilon (sigma = 0) has no place on the plot and is
+    left out, like failed ones and interrupted or preempted ones (their accuracy is that of an
+    intermediate evaluation).
+    """
+    rows, varying = _varying(summary)
+    along = _along(varying)
+    names = _key_names(_key(o) for v in varying for o in v)
+
+    def said(overrides: Iterable[str]) -> str:
+        return ", ".join(f"{names[_key(o)]} = {o.partition('=')[2]}" for o in overrides)
+
+    points = []
+    for row, swept in zip(rows, varying):
+        if (row.get("status") in ("failed", "interrupted", "preempted")
+                or _number(row.get("test_accuracy")) is None
+                or (row.get("epsilon") is not None and _number(row.get("epsilon")) is None)):
+            continue
+        epsilon = _number(row.get("epsilon"))
+        on_line = [o for o in swept if _key(o) == along]
+        if epsilon is None or not on_line:
+            label, series = said(swept), ""
+        else:
+            label, series = said(on_line), said(o for o in swept if _key(o) != along)
+        points.append(SweepPoint(str(row["job"]), label or str(row["job"]), epsilon,
+                                 float(row["test_accuracy"]), series))
+    return points
+
+
+def sweep_figure(points: Sequence[SweepPoint], title: str = "", delta: float | None = None,
+                 note: str = "") -> Any:
+    """The privacy-utility plot as a matplotlib Figure: test accuracy (percent) against epsilon
+    (from 0), each series a line through its points in epsilon order with each point labelled
+    by its swept value, non-private jobs as dashed horizontal lines. `note` (what releasing the
+    best job costs) is printed above the plot, wrapped."""
+    figure, (ax,) = _figure(1, 1, (7.0, 5.0))
+    private = [p for p in points if p.epsilon is not None]
+    series = list(dict.fromkeys(p.series for p in private))
+    for name in series:
+        line = sorted((p for p in private if p.series == name), key=lambda p: p.epsilon)
+        ax.plot([p.epsilon for p in line], [p.test_accuracy for p in line], marker="o",
+                label=name or None, zorder=3)
+        for point in line:   # below right of the point, under a rising line
+            ax.annotate(point.label, (point.epsilon, point.test_accuracy), fontsize=FONT_SIZE,
+                        textcoords="offset points", xytext=(6, -6), va="top")
     for point in points:
         if point.epsilon is None:
             ax.axhline(point.test_accuracy, color="grey", linestyle="--",
                        label=f"non-private: {point.label}")
     if not points:
         ax.text(0.5, 0.5, "no finished job with a test accuracy", ha="center", va="center",
-                transform=ax.transAxes)
-    if any(p.epsilon is None for p in points):
-        ax.legend(fontsize="small")
-    ax.margins(x=0.2, y=0.1)   # room for the labels of the outermost points
-    ax.set_xlabel("epsilon" + (f" (delta = {delta:g})" if delta else ""))
-    ax.set_ylabel("test accuracy")
-    ax.set_title(title or "privacy-utility", fontsize="medium")
+                transform=ax.transAxes, fontsize=FONT_SIZE)
+    if len(series) > 1 or any(p.epsilon is None for p in points):
+        ax.legend(fontsize=FONT_SIZE)
+    ax.margins(y=0.12)
+    if private:   # from 0, with room for the label of the rightmost point
+        ax.set_xlim(0, 1.2 * max(p.epsilon for p in private))
+    _percent_axis(ax.yaxis)
+    _style(ax, title, "epsilon" + (f" (delta = {delta:g})" if delta else ""), "test accuracy")
     if note:
-        figure.suptitle("\n".join(textwrap.wrap(note, 80)), fontsize="small")
-    ax.grid(alpha=0.3)
-    return _save(figure, Path(path))
+        figure.suptitle("\n".join(textwrap.wrap(note, 90)), fontsize=FONT_SIZE)
+    return figure
+
+
+def plot_sweep(points: Sequence[SweepPoint], path: Path | str, title: str = "",
+               delta: float | None = None, note: str = "") -> Path:
+    """`sweep_figure` written as a PNG to `path`. Returns `path`."""
+    return _save(sweep_figure(points, title, delta, note), Path(path))
 
 
 def sweep_delta(summary: Mapping[str, Any]) -> float | None:

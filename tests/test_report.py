@@ -14,10 +14,13 @@ from dptrain.report import (
     curve_label,
     plot_run,
     plot_sweep,
+    run_figure,
     run_series,
     run_summary,
     sweep_delta,
+    sweep_figure,
     sweep_points,
+    sweep_title,
 )
 
 RECORDS = [
@@ -34,6 +37,22 @@ RECORDS = [
 def _row(job: str, overrides: list[str], epsilon, accuracy, status: str = "completed") -> dict:
     return {"job": job, "overrides": overrides, "status": status, "epsilon": epsilon,
             "delta": None if epsilon is None else 1e-5, "test_accuracy": accuracy}
+
+
+# A sweep of two learning rates x two sigmas (command-line order: lr first).
+GRID = {"jobs": [_row(str(i), ["privacy=sigma", f"optimizer.lr={lr}",
+                               f"privacy.noise_multiplier={sigma}"], epsilon, accuracy)
+                 for i, (lr, sigma, epsilon, accuracy) in enumerate(
+                     [(0.1, 1, 2.7, 0.80), (0.1, 2, 0.8, 0.70),
+                      (0.5, 1, 2.7, 0.85), (0.5, 2, 0.8, 0.60)])]}
+
+
+def _texts(figure) -> list:
+    """Every piece of text the figure shows (tick labels included: the figure is laid out)."""
+    from matplotlib.text import Text
+
+    figure.draw_without_rendering()
+    return [t for t in figure.findobj(Text) if t.get_visible() and t.get_text().strip()]
 
 
 def _assert_png(path: Path) -> None:
@@ -99,18 +118,29 @@ def test_plot_run_writes_a_png(tmp_path):
     _assert_png(plot_run(run_series(RECORDS), tmp_path / "run.png", "run", target_epsilon=3.0))
 
 
-def test_sweep_points_are_labelled_by_the_overrides_that_vary():
+def test_sweep_points_are_labelled_by_readable_names_of_the_overrides_that_vary():
     summary = {"jobs": [_row("0", ["privacy=sigma", "privacy.noise_multiplier=1"], 2.7, 0.75),
                         _row("1", ["privacy=sigma", "privacy.noise_multiplier=2"], 0.8, 0.66)]}
-    assert sweep_points(summary) == [SweepPoint("0", "noise_multiplier=1", 2.7, 0.75),
-                                     SweepPoint("1", "noise_multiplier=2", 0.8, 0.66)]
+    assert sweep_points(summary) == [SweepPoint("0", "sigma = 1", 2.7, 0.75),
+                                     SweepPoint("1", "sigma = 2", 0.8, 0.66)]
 
 
-def test_sweep_points_keep_full_keys_when_short_labels_would_collide():
+def test_sweep_points_keep_full_keys_when_short_names_would_collide():
     summary = {"jobs": [_row("0", ["model.width=1", "optimizer.width=2"], 1.0, 0.5),
                         _row("1", ["model.width=2", "optimizer.width=1"], 2.0, 0.6)]}
-    labels = [p.label for p in sweep_points(summary)]
-    assert labels == ["model.width=1, optimizer.width=2", "model.width=2, optimizer.width=1"]
+    assert [(p.label, p.series) for p in sweep_points(summary)] == [
+        ("model.width = 1", "optimizer.width = 2"), ("model.width = 2", "optimizer.width = 1")]
+
+
+def test_sweep_points_run_along_sigma_in_one_series_per_value_of_the_other_swept_key():
+    points = sweep_points(GRID)
+    assert [(p.label, p.series) for p in points] == [
+        (f"sigma = {sigma}", f"learning rate = {lr}") for lr in (0.1, 0.5) for sigma in (1, 2)]
+
+
+def test_sweep_title_says_what_varies():
+    assert sweep_title(GRID) == "Test accuracy against epsilon, varying learning rate and sigma"
+    assert sweep_title({"jobs": [_row("0", ["privacy.noise_multiplier=1"], 1.0, 0.5)]}) == ""
 
 
 def test_sweep_points_leave_out_failed_and_infinite_jobs_and_keep_non_private_ones():
@@ -143,6 +173,49 @@ def test_plot_sweep_writes_a_png_with_private_points_and_a_non_private_baseline(
     points = [SweepPoint("0", "noise_multiplier=1", 2.7, 0.75),
               SweepPoint("1", "privacy=none", None, 0.9)]
     _assert_png(plot_sweep(points, tmp_path / "sweep.png", delta=1e-5))
+
+
+def test_the_sweep_figure_draws_each_series_as_a_line_in_epsilon_order():
+    (ax,) = sweep_figure(sweep_points(GRID)).axes
+    lines = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+             for line in ax.get_lines()}
+    assert lines == {"learning rate = 0.1": ([0.8, 2.7], [0.70, 0.80]),
+                     "learning rate = 0.5": ([0.8, 2.7], [0.60, 0.85])}
+    assert {t.get_text() for t in ax.texts} == {"sigma = 1", "sigma = 2"}
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == list(lines)
+
+
+def test_the_sweep_figure_shows_accuracy_in_percent_and_epsilon_from_zero():
+    from matplotlib.ticker import PercentFormatter
+
+    (ax,) = sweep_figure(sweep_points(GRID), title=sweep_title(GRID), delta=1e-5).axes
+    assert ax.get_xlim()[0] == 0 and ax.get_xlim()[1] > 2.7
+    formatter = ax.yaxis.get_major_formatter()
+    assert isinstance(formatter, PercentFormatter) and formatter(0.8, 0) == "80%"
+    assert ax.get_title() == sweep_title(GRID) and ax.get_xlabel() == "epsilon (delta = 1e-05)"
+
+
+def test_the_sweep_figure_keeps_the_cost_note_above_the_plot():
+    note = "Releasing the best of these 4 jobs costs epsilon 5.1 at delta 1e-05, not 2.7."
+    figure = sweep_figure(sweep_points(GRID), note=note)
+    assert " ".join(figure.get_suptitle().split()) == note
+
+
+def test_every_text_of_the_sweep_and_run_figures_is_at_least_10_points():
+    baseline = SweepPoint("9", "privacy = none", None, 0.9)
+    figures = [sweep_figure([*sweep_points(GRID), baseline], "title", 1e-5, "a note " * 30),
+               run_figure(run_series(RECORDS), "run", target_epsilon=3.0)]
+    for figure in figures:
+        small = [(t.get_text(), t.get_fontsize()) for t in _texts(figure) if t.get_fontsize() < 10]
+        assert small == []
+
+
+def test_the_run_figure_draws_epsilon_from_zero_and_accuracy_in_percent():
+    from matplotlib.ticker import PercentFormatter
+
+    loss, accuracy, epsilon = run_figure(run_series(RECORDS)).axes
+    assert epsilon.get_title() == "epsilon spent" and epsilon.get_ylim()[0] == 0
+    assert isinstance(accuracy.yaxis.get_major_formatter(), PercentFormatter)
 
 
 def test_plot_sweep_of_no_usable_job_still_writes_a_png_saying_so(tmp_path):

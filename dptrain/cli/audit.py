@@ -182,7 +182,7 @@ def _conclude(audit: AuditSettings, canaries: Any, job: Any, result: Any) -> Non
     """Score the canaries, write audit.json + the figure, record the audit in the ledger."""
     from torch import nn
 
-    from dptrain.audit.result import AUDIT_FILE, audit_scores
+    from dptrain.audit.result import AUDIT_FILE, FIGURE_FILE, audit_scores
     from dptrain.train.ledger import LEDGER_FILENAME, PrivacyLedger, load_ledger
     from dptrain.distributed.runtime import is_main_process
 
@@ -201,3 +201,15 @@ def _conclude(audit: AuditSettings, canaries: Any, job: Any, result: Any) -> Non
         record = {key: value for key, value in found.to_dict().items() if key != "rules"}
         ledger.record_audit({**record, "file": AUDIT_FILE})
     print(found.summary(), file=sys.stdout, flush=True)
+    if is_main_process():
+        print(_written(Path(result.run_dir), AUDIT_FILE, FIGURE_FILE), file=sys.stdout,
+              flush=True)
+
+
+def _written(run_dir: Path, record: str, figure: str) -> str:
+    """The line naming where the audit was written: the record, and the figure when drawn
+    (it is not without matplotlib)."""
+    line = f"Audit written to {run_dir / record}"
+    if (run_dir / figure).is_file():
+        line += f" and its score histogram to {run_dir / figure}"
+    return line + "."

@@ -31,6 +31,7 @@ from dptrain.cli.privacy_request import (  # noqa: F401  (privacy_mode: part of 
 from dptrain.checks import default_delta
 from dptrain.cli.schema import check_hardware, check_optimizer
 from dptrain.data.datasets import DatasetSplits, load_dataset
+from dptrain.data.datasets.text import TOKENIZER_KEY
 from dptrain.distributed.launch import join_run, wrap_model
 from dptrain.errors import (
     ConfigError,
@@ -44,7 +45,7 @@ from dptrain.privacy.engine import PrivacyEngine
 from dptrain.train.job import PrivacySettings, TrainingJob, check_model_selection
 from dptrain.train.loggers import make_loggers
 from dptrain.train.loop import seed_everything
-from dptrain.train.settings import TrainConfig, TrainSettings
+from dptrain.train.settings import TrainConfig, TrainSettings, command_line_names
 from dptrain.validation import ModuleValidator
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 TRAIN_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig))
 EVAL_BATCH_SIZE = 1024
 MAX_LISTED = 4  # submodule paths named per kind of validation problem
+FOLLOWED_KEY = "model.name_or_path"  # what a text dataset's tokenizer follows by default
 
 
 # ----------------------------------------------------------------------------- config helpers
@@ -88,11 +90,13 @@ def _require(section: dict[str, Any], group: str, key: str) -> Any:
 
 # ----------------------------------------------------------------------------- train settings
 def build_settings(train: dict[str, Any], run_dir: Path) -> TrainSettings:
-    """TrainSettings from the `train` group, with every value checked (by TrainSettings)."""
+    """TrainSettings from the `train` group, with every value checked (by TrainSettings, its
+    refusals naming the config keys)."""
     reject_unknown_keys(train, "train", TRAIN_KEYS)
     for key in ("epochs", "batch_size"):
         _require(train, "train", key)
-    return TrainSettings(run_dir=run_dir, **train)
+    with command_line_names():
+        return TrainSettings(run_dir=run_dir, **train)
 
 
 # ----------------------------------------------------------------------------- hardware
@@ -122,20 +126,39 @@ def build_precision(hardware: dict[str, Any]) -> str:
 
 
 # ----------------------------------------------------------------------------- dataset, model
-def build_dataset(dataset: dict[str, Any], seed: int) -> DatasetSplits:
+def build_dataset(dataset: dict[str, Any], seed: int,
+                  tokenizer_named_by: str = TOKENIZER_KEY) -> DatasetSplits:
     """The train/test (and validation) splits named by `dataset.name` with the group's options.
 
     With `dataset.download=true` under hardware=ddp the ranks take turns (rank 0 first), so that
     no two ranks download into the same `dataset.root` at once (dptrain.cli.download).
+    `tokenizer_named_by` is the key the user set the tokenizer with (`tokenizer_key`): an error
+    about the tokenizer names it instead of dataset.tokenizer.
     """
     options = dict(dataset)
     name = _require(options, "dataset", "name")
     options.pop("name")
     if options.get("root") is None:
         options.pop("root", None)
-    if options.get("download"):
-        return in_turns(lambda: load_dataset(name, seed=seed, **options))
-    return load_dataset(name, seed=seed, **options)
+    try:
+        if options.get("download"):
+            return in_turns(lambda: load_dataset(name, seed=seed, **options))
+        return load_dataset(name, seed=seed, **options)
+    except ConfigError as error:
+        if tokenizer_named_by == TOKENIZER_KEY or TOKENIZER_KEY not in str(error):
+            raise
+        raise ConfigError(str(error).replace(TOKENIZER_KEY, tokenizer_named_by)) from error
+
+
+def tokenizer_key(cfg: DictConfig) -> str:
+    """The key that set a text dataset's tokenizer: `model.name_or_path` when dataset.tokenizer
+    still follows it (the text datasets' default, `${oc.select:model.name_or_path,null}`), else
+    dataset.tokenizer."""
+    dataset = cfg.get("dataset")
+    raw = OmegaConf.to_container(dataset, resolve=False).get("tokenizer") if isinstance(
+        dataset, DictConfig) else None
+    follows = isinstance(raw, str) and "${" in raw and FOLLOWED_KEY in raw
+    return FOLLOWED_KEY if follows else TOKENIZER_KEY
 
 
 def warn_private_preprocessing(splits: DatasetSplits) -> None:
@@ -276,7 +299,26 @@ def build_loaders(
         return DataLoader(dataset, batch_size=eval_batch, shuffle=False, num_workers=num_workers)
 
     validation = None if splits.validation is None else in_order(splits.validation)
-    return train, in_order(splits.test), validation
+    return train, in_order(smoke_test_split(splits, settings)), validation
+
+
+def smoke_test_split(splits: DatasetSplits, settings: TrainSettings) -> torch.utils.data.Dataset:
+    """The test split a run evaluates: all of it, except in a smoke test (synthetic data,
+    `dataset.synthetic=true`, with `train.max_steps` set), which evaluates as many test
+    examples as it trains on, max_steps x batch_size (its accuracy on random data means nothing,
+    and the 25,000 synthetic IMDb test reviews would take minutes); said in a note."""
+    test = splits.test
+    if not splits.info.get("synthetic") or settings.max_steps is None:
+        return test
+    cap = settings.max_steps * settings.batch_size
+    if cap >= len(test):
+        return test
+    from dptrain.train.display import note
+
+    note(f"Smoke test (dataset.synthetic=true, train.max_steps={settings.max_steps}): evaluating "
+         f"on the first {cap:,} of the {len(test):,} synthetic test examples "
+         "(train.max_steps x train.batch_size).")
+    return torch.utils.data.Subset(test, range(cap))
 
 
 # ----------------------------------------------------------------------------- privacy
@@ -410,7 +452,7 @@ def build_job(cfg: DictConfig, run_dir: Path, prepare_splits: Callable[[DatasetS
     hardware = resolved["hardware"]
     device, precision = build_device(hardware), build_precision(hardware)
     num_workers = int(hardware.get("num_workers", 0))
-    splits = build_dataset(resolved["dataset"], settings.seed)
+    splits = build_dataset(resolved["dataset"], settings.seed, tokenizer_key(cfg))
     if prepare_splits is not None:
         splits = prepare_splits(splits)
     warn_private_preprocessing(splits)

@@ -25,7 +25,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -112,6 +112,23 @@ def _print_interrupted(result: RunResult, command: str, how: str = "interrupted"
           flush=True)
 
 
+def _train(cfg: DictConfig, run_dir: Path, loggers: Any) -> RunResult:
+    """Build the run of `cfg` and train it (with canaries under `dptrain audit`), its messages
+    naming settings by their config keys."""
+    from dptrain.cli.build import build_job
+    from dptrain.train.settings import command_line_names
+
+    with command_line_names():
+        if cfg.get("audit") is not None:  # dptrain audit / +audit=one_run: train with canaries
+            from dptrain.cli.audit import audited_run
+
+            return audited_run(cfg, run_dir, loggers)
+        job, settings = build_job(cfg, run_dir)
+        from dptrain.train.loop import train
+
+        return train(job, settings, loggers)
+
+
 def run_job(cfg: DictConfig) -> float | None:
     """One Hydra job: build from `cfg`, train, write result.json.
 
@@ -135,7 +152,7 @@ def run_job(cfg: DictConfig) -> float | None:
     overrides = list(hydra_cfg.overrides.task)
     ledger_before = ledger_snapshot(run_dir)
     try:
-        from dptrain.cli.build import build_job, build_loggers
+        from dptrain.cli.build import build_loggers
 
         loggers = build_loggers(cfg, run_dir)  # a missing logger package stops here
         from dptrain.cli.build import resolve_config
@@ -151,15 +168,7 @@ def run_job(cfg: DictConfig) -> float | None:
                 sys.exit(code)
             record = read_result(run_dir) or {}
             return selection_accuracy(record.get("val_accuracy"), record.get("test_accuracy"))
-        if cfg.get("audit") is not None:  # dptrain audit / +audit=one_run: train with canaries
-            from dptrain.cli.audit import audited_run
-
-            result = audited_run(cfg, run_dir, loggers)
-        else:
-            job, settings = build_job(cfg, run_dir)
-            from dptrain.train.loop import train
-
-            result = train(job, settings, loggers)
+        result = _train(cfg, run_dir, loggers)
     except RunPreempted as stop:
         from dptrain.cli.continuing import resume_command
         from dptrain.train.preemption import exit_status

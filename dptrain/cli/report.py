@@ -36,7 +36,7 @@ class Report:
     """What `report` made: the kind of folder, the picture written and the text to print."""
 
     kind: str            # "run" | "sweep"
-    image: Path
+    image: Path | None   # None: nothing to draw (a sweep whose every job failed)
     text: str
     summary: dict[str, Any] | None = None   # a sweep's summary (for its table)
 
@@ -86,19 +86,30 @@ def run_report(run_dir: Path, output: Path | None = None, private: bool = False)
 
 def sweep_report(sweep_dir: Path, output: Path | None = None) -> Report:
     """The privacy-utility plot of the sweep in `sweep_dir` (default sweep_dir/
-    privacy_utility.png), from its sweep_summary.json (written first when missing)."""
+    privacy_utility.png), from its sweep_summary.json (written first when missing); no plot
+    when no job finished with a test accuracy (the text says so)."""
     from dptrain.cli.sweep import SUMMARY_FILENAME, summarize
     from dptrain.cli.sweep_ledger import describe_cost
-    from dptrain.report import SWEEP_REPORT_FILENAME, plot_sweep, sweep_delta, sweep_points
+    from dptrain.report import (
+        SWEEP_REPORT_FILENAME,
+        plot_sweep,
+        sweep_delta,
+        sweep_points,
+        sweep_title,
+    )
 
     summary = _read_json(sweep_dir / SUMMARY_FILENAME) or summarize(sweep_dir)
     points = sweep_points(summary)
+    jobs = len(summary.get("jobs", []))
+    if not points:
+        return Report("sweep", None, f"sweep {sweep_dir}: no privacy-utility plot: none of its "
+                      f"{jobs} job(s) finished with a test accuracy (the table says why).",
+                      summary)
     cost = summary.get("cost_of_best")
-    note = "" if cost is None else describe_cost(cost, len(summary.get("jobs", [])))
+    note = "" if cost is None else describe_cost(cost, jobs)
     image = plot_sweep(points, output or sweep_dir / SWEEP_REPORT_FILENAME,
-                       title=f"privacy-utility: {sweep_dir}", delta=sweep_delta(summary),
-                       note=note)
-    skipped = len(summary.get("jobs", [])) - len(points)
+                       title=sweep_title(summary), delta=sweep_delta(summary), note=note)
+    skipped = jobs - len(points)
     text = f"sweep {sweep_dir}: {len(points)} job(s) plotted" + (
         f", {skipped} without a test accuracy or a finite epsilon left out" if skipped else "")
     return Report("sweep", image, text, summary)
@@ -123,13 +134,17 @@ def report(path: Path | str, output: Path | str | None = None, private: bool = F
 
 
 def write_sweep_plot(sweep_dir: Path) -> Path | None:
-    """The privacy-utility plot at the end of a sweep; None (with a note on stderr) when it
-    cannot be drawn (no matplotlib): the sweep itself has succeeded."""
+    """The privacy-utility plot at the end of a sweep; None when there is nothing to draw (said
+    on stdout) or it cannot be drawn (no matplotlib, said on stderr): the sweep itself has
+    succeeded."""
     try:
-        return sweep_report(sweep_dir).image
+        made = sweep_report(sweep_dir)
     except DPTrainError as error:
         sys.stderr.write(f"{PROG}: no privacy-utility plot: {' '.join(str(error).split())}\n")
         return None
+    if made.image is None:
+        print(made.text, flush=True)
+    return made.image
 
 
 class _OneLineParser(OneLineParser):
@@ -164,5 +179,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         Console().print(summary_table(made.summary))
     print(made.text)
-    print(f"picture: {made.image}")
+    if made.image is not None:
+        print(f"picture: {made.image}")
     return 0

@@ -44,6 +44,7 @@ from dptrain.train.display import shown_path
 from dptrain.train.job import Position, TrainingJob, unwrap
 from dptrain.train.ledger import PrivacyLedger, config_differences, refresh_layer_strategies, same_config
 from dptrain.train.replay import start_fingerprint
+from dptrain.train.settings import setting_name
 from dptrain.data.fingerprint import data_fingerprint
 from dptrain.distributed.runtime import is_main_process
 from dptrain.errors import ConfigError
@@ -118,7 +119,8 @@ def load_checkpoint(path: Path | str) -> dict[str, Any]:
     """
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"No checkpoint at {str(path)!r} (train.resume): pass an existing "
+        raise ConfigError(f"No checkpoint at {str(path)!r} ({setting_name('train.resume')}): "
+                          "pass an existing "
                           f"checkpoint file, or `auto` for the newest in <run_dir>/"
                           f"{CHECKPOINT_DIRNAME}.")
     try:
@@ -172,7 +174,8 @@ def _payload_v1(path: Path, data: bytes) -> bytes:
     envelope = _read_torch(path, data, "is not a dptrain checkpoint, or is a truncated or corrupt "
                            "one, or holds objects other than tensors and plain data")
     if not isinstance(envelope, dict) or envelope.get("format") != CHECKPOINT_FORMAT:
-        raise ConfigError(f"{str(path)!r} (train.resume) is not a dptrain checkpoint; pass a file "
+        raise ConfigError(f"{str(path)!r} ({setting_name('train.resume')}) is not a dptrain "
+                          "checkpoint; pass a file "
                           f"written by dptrain into <run_dir>/{CHECKPOINT_DIRNAME}.")
     if envelope.get("version") != 1:
         raise _version_refusal(path, envelope.get("version"))
@@ -230,7 +233,7 @@ def _still_loading(path: Path) -> str:
         shown = shown_path(candidate)
         return (f"{said}The newest checkpoint in {shown_path(folder)} that still loads is "
                 f"{shown} (step {state['step']}, epoch {state['epoch']}): resume from it with "
-                f"train.resume={shown}.")
+                f"{setting_name('train.resume', shown)}.")
     return (f"{said}No other checkpoint in {shown_path(folder)} loads: start again in a new run "
             "folder.")
 
@@ -274,7 +277,8 @@ def check_same_config(state: dict[str, Any], config: dict[str, Any], path: Path 
         return
     keys = config_differences(state["config"], config)
     shown = ", ".join(keys[:10]) + (" ..." if len(keys) > 10 else "")
-    raise ConfigError(f"Checkpoint {str(path)!r} (train.resume) was written with a different "
+    raise ConfigError(f"Checkpoint {str(path)!r} ({setting_name('train.resume')}) was written "
+                      "with a different "
                       f"config; differing keys: {shown or '(hash only)'}. Resume with the same "
                       "config, or start a new run in a new folder.")
 

@@ -36,7 +36,7 @@ from dptrain.train.ledger import (
 from dptrain.data.fingerprint import UNKNOWN
 from dptrain.train.ledger_check import newest_checkpoint_step
 from dptrain.train.replay import data_difference, replay_is_exact, still_charged
-from dptrain.train.settings import TrainSettings
+from dptrain.train.settings import TrainSettings, setting_name
 
 
 class Resumer:
@@ -85,7 +85,7 @@ class Resumer:
         has spent. For a new run, only says when `train.resume=auto` found nothing to resume."""
         if self._pending is None:
             if self._found_nothing and is_main_process():
-                note(f"train.resume=auto: no checkpoint and no privacy ledger in "
+                note(f"{setting_name('train.resume', 'auto')}: no checkpoint and no privacy ledger in "
                      f"{shown_path(self.run_dir)}, so the run starts from step 0.")
             return
         path, discarded, charged = self._pending
@@ -133,16 +133,18 @@ class Resumer:
         a ledger written with another config (its history could not be replayed)."""
         if path is None and self.settings.resume != "auto":
             raise ConfigError(
-                f"The run folder {str(self.run_dir)!r} (hydra.run.dir) already holds a privacy "
-                "ledger from another run; use a new folder, or `train.resume=auto` to continue "
-                "that run. Nothing was changed.")
+                f"The run folder {str(self.run_dir)!r} ({setting_name('hydra.run.dir')}) already "
+                "holds a privacy ledger from another run; use a new folder, or "
+                f"`{setting_name('train.resume', 'auto')}` to continue that run. Nothing was "
+                "changed.")
         if not same_config(previous["config_hash"], previous["config"], self.job.config):
             keys = config_differences(previous["config"], self.job.config)
             shown = ", ".join(keys[:10]) + (" ..." if len(keys) > 10 else "")
             raise ConfigError(
                 f"The run folder {str(self.run_dir)!r} holds the privacy ledger of a run with a "
                 f"different config; differing keys: {shown or '(hash only)'}. Continue it with "
-                "the same config, or use a new folder (hydra.run.dir). Nothing was changed.")
+                f"the same config, or use a new folder ({setting_name('hydra.run.dir')}). "
+                "Nothing was changed.")
 
     def _refuse_without_ledger(self) -> None:
         """ConfigError when a resume is asked in a folder that holds an earlier run's files
@@ -155,12 +157,13 @@ class Resumer:
         if not found:
             return
         raise ConfigError(
-            f"Cannot resume in the run folder {str(self.run_dir)!r} (train.resume): it holds an "
+            f"Cannot resume in the run folder {str(self.run_dir)!r} "
+            f"({setting_name('train.resume')}): it holds an "
             f"earlier run's files ({', '.join(found)}) but no privacy ledger ({LEDGER_FILENAME}), "
             "so the steps that run took, and the privacy they spent, are unknown; a resume would "
             "start a new ledger that leaves them out. Restore the ledger from a backup to "
-            "continue the run, or start a new run in a new folder (hydra.run.dir). Nothing was "
-            "changed.")
+            f"continue the run, or start a new run in a new folder "
+            f"({setting_name('hydra.run.dir')}). Nothing was changed.")
 
     def _refuse_secure_rewind(self, state: dict[str, Any], previous: dict[str, Any] | None,
                               path: Path) -> None:
@@ -172,10 +175,11 @@ class Resumer:
         written = newest_checkpoint_step(previous)
         if written > int(state["step"]):
             raise PrivacyError(
-                f"Cannot resume from {str(path)!r} (train.resume) at step {state['step']}: with "
-                f"privacy.secure_mode=true the run already wrote a checkpoint at step {written}, "
+                f"Cannot resume from {str(path)!r} ({setting_name('train.resume')}) at step "
+                f"{state['step']}: with {setting_name('privacy.secure_mode', True)} the run already wrote a checkpoint at step {written}, "
                 "and replaying those steps with fresh noise would spend privacy the ledger cannot "
-                "count. Resume from the newest checkpoint (`train.resume=auto`).")
+                "count. Resume from the newest checkpoint "
+                f"(`{setting_name('train.resume', 'auto')}`).")
 
     def _refuse_if_exhausted(self, path: Path | None) -> None:
         """BudgetExhaustedError when the run has steps left but the next one would exceed the
@@ -185,9 +189,9 @@ class Resumer:
             return
         if self.spend.admissible(self.spend.upcoming(1)) == 0:
             raise BudgetExhaustedError(
-                f"Cannot resume from {str(path)!r} (train.resume): its {self.pos.step} steps "
-                f"already reach the target epsilon {guard.target} "
-                "(privacy.target_epsilon); one more step would exceed it. Nothing was changed.")
+                f"Cannot resume from {str(path)!r} ({setting_name('train.resume')}): its "
+                f"{self.pos.step} steps already reach the target epsilon {guard.target} "
+                f"({setting_name('privacy.target_epsilon')}); one more step would exceed it. Nothing was changed.")
 
     # -- restoring -----------------------------------------------------------------------------
     def _restore(self, state: dict[str, Any], path: Path) -> None:

@@ -31,6 +31,7 @@ from dptrain.errors import RunFolderBusyError
 from dptrain.io import remove_temporaries
 from dptrain.train.checkpoint import CHECKPOINT_DIRNAME
 from dptrain.train.display import note
+from dptrain.train.settings import setting_name
 
 try:
     import fcntl
@@ -101,7 +102,7 @@ def _acquire(fd: int, run_dir: Path, wait: bool) -> bool:
     if not wait:
         raise RunFolderBusyError(_busy_message(run_dir, holder))
     note(f"Waiting for {holder} to release the run folder {str(run_dir)!r} "
-         "(train.wait_for_lock=true).")
+         f"({setting_name('train.wait_for_lock', True)}).")
     fcntl.flock(fd, fcntl.LOCK_EX)
     return True
 
@@ -125,9 +126,10 @@ def _holder(fd: int) -> str:
 
 
 def _busy_message(run_dir: Path, holder: str) -> str:
-    return (f"The run folder {str(run_dir)!r} (hydra.run.dir) is in use by another dptrain "
+    return (f"The run folder {str(run_dir)!r} ({setting_name('hydra.run.dir')}) is in use by "
+            "another dptrain "
             f"run: {holder} holds its lock {LOCK_FILENAME!r}. Two runs in one folder would "
             "train the same steps and write their checkpoints, metrics and privacy ledger over "
             "each other. Wait until that run ends (or stop it) and run this command again, add "
-            "`train.wait_for_lock=true` to wait for it, or give this run its own folder. "
+            f"`{setting_name('train.wait_for_lock', True)}` to wait for it, or give this run its own folder. "
             "Nothing was changed.")

@@ -6,7 +6,10 @@ the schema of `train`) load without torch.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -17,10 +20,47 @@ from dptrain.checks import (
     NON_NEGATIVE_INT,
     POSITIVE_INT,
     Rule,
-    check_fields,
+    field_rules,
     setting,
 )
 from dptrain.errors import ConfigError
+
+# How a message names a run setting: by its config key under the `dptrain` command (which sets
+# this, `command_line_names`), by the Python argument that sets it otherwise.
+_COMMAND_LINE_NAMES: ContextVar[bool] = ContextVar("command_line_names", default=False)
+# config key -> (the Python call, its argument) for the keys whose names differ; any other
+# `train.X` is `TrainSettings(X=...)`.
+_PYTHON_ARGUMENTS = {
+    "hydra.run.dir": ("TrainSettings", "run_dir"),
+    "privacy.target_epsilon": ("private_job", "target_epsilon"),
+    "privacy.secure_mode": ("PrivacyEngine", "secure_mode"),
+}
+
+
+@contextlib.contextmanager
+def command_line_names() -> Iterator[None]:
+    """Within the block, messages name settings by their config keys (`setting_name`)."""
+    token = _COMMAND_LINE_NAMES.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_LINE_NAMES.reset(token)
+
+
+def setting_name(key: str, value: Any = None) -> str:
+    """How a message names the setting of config key `key` (e.g. "train.resume"), with `value`
+    when given: `train.resume=auto` under the command, `TrainSettings(resume='auto')` from
+    Python (`TrainSettings.resume` without a value)."""
+    if _COMMAND_LINE_NAMES.get():
+        return key if value is None else f"{key}={_shown(value)}"
+    call, argument = _PYTHON_ARGUMENTS.get(key, ("TrainSettings", key.partition(".")[2]))
+    return f"{call}.{argument}" if value is None else f"{call}({argument}={value!r})"
+
+
+def _shown(value: Any) -> str:
+    """A value as an override writes it: true / false for booleans."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
 
 RESUME = Rule("a checkpoint path or auto (the newest checkpoint of the run folder), or null",
               lambda v: v is None or isinstance(v, str))
@@ -52,13 +92,16 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if isinstance(self.resume, os.PathLike):
             self.resume = os.fspath(self.resume)
-        check_fields(self, TrainConfig, "train")
+        for name, rule in field_rules(TrainConfig).items():
+            rule.check(getattr(self, name), setting_name(f"train.{name}"))
         physical, batch = self.max_physical_batch_size, self.batch_size
         if physical is not None and physical > batch:
+            chunk, logical = (setting_name("train.max_physical_batch_size"),
+                              setting_name("train.batch_size"))
             raise ConfigError(
-                f"train.max_physical_batch_size={physical} is larger than train.batch_size={batch}: "
-                f"physical chunks split a logical batch, so set train.max_physical_batch_size<={batch} "
-                f"(or null to process each logical batch at once)."
+                f"{chunk}={physical} is larger than {logical}={batch}: physical chunks split a "
+                f"logical batch, so set {chunk}<={batch} (or None / null to process each logical "
+                "batch at once)."
             )
 
 

@@ -46,6 +46,13 @@ def test_an_audited_run_writes_audit_json_beside_the_ledger_and_records_it(dptra
     assert "empirical lower bound" in out and "consistent" in out
 
 
+def test_an_audited_run_prints_where_it_wrote_the_audit_and_its_figure(dptrain, tmp_path):
+    code, out, _ = dptrain("audit", *SHORT, f"hydra.run.dir={tmp_path / 'run'}")
+    assert code == 0
+    assert str(tmp_path / "run" / "audit.json") in out
+    assert str(tmp_path / "run" / "audit_scores.png") in out
+
+
 def test_a_black_box_audit_relabels_canaries_taken_from_the_training_set(dptrain, tmp_path):
     plain_code, _, _ = dptrain(*QUIET, "train.max_steps=1", f"hydra.run.dir={tmp_path / 'p'}")
     code, _, _ = dptrain("audit", *SHORT, "audit.kind=black_box", f"hydra.run.dir={tmp_path / 'b'}")

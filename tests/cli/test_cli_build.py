@@ -209,3 +209,19 @@ def test_a_reproducible_mechanism_with_secure_mode_is_refused_naming_both_keys(t
     cfg = compose_config("privacy.reproducible_mechanism=true", "privacy.secure_mode=true")
     with pytest.raises(ConfigError, match=r"reproducible_mechanism.*secure_mode"):
         build_job(cfg, tmp_path)
+
+
+def _test_size(tmp_path, *overrides):
+    job, _ = build_job(compose_config("dataset=digits", *overrides), tmp_path)
+    return len(job.test_loader.dataset)
+
+
+def test_a_synthetic_smoke_test_evaluates_as_many_test_examples_as_it_trains_on(tmp_path):
+    assert _test_size(tmp_path, "dataset.synthetic=true", "train.max_steps=2",
+                      "train.batch_size=64") == 2 * 64
+
+
+def test_real_data_or_a_run_without_max_steps_evaluates_the_whole_test_split(tmp_path):
+    whole = _test_size(tmp_path / "a", "dataset.synthetic=true", "train.batch_size=64")
+    assert whole == 355
+    assert _test_size(tmp_path / "b", "train.max_steps=2", "train.batch_size=64") == whole

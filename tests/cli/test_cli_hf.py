@@ -189,6 +189,20 @@ def test_hub_id_with_no_local_copy_is_refused_before_training(refused) -> None:
     assert "dataset.download=true" in line
 
 
+def test_a_missing_model_folder_is_blamed_on_model_name_or_path_the_tokenizer_follows(
+        refused) -> None:
+    line = refused("model=hf", "model.name_or_path=./no-such-folder", *_data_args("bert"))
+    assert line.startswith("dptrain: error: model.name_or_path=./no-such-folder is not a folder")
+    assert "dataset.tokenizer" not in line
+
+
+def test_a_missing_tokenizer_folder_set_by_the_user_is_blamed_on_dataset_tokenizer(
+        refused) -> None:
+    line = refused("model=hf", "model.name_or_path=./bert", *_data_args("bert"),
+                   "dataset.tokenizer=./no-such-tokenizer")
+    assert "dataset.tokenizer=./no-such-tokenizer is not a folder" in line
+
+
 def test_missing_text_column_is_refused_naming_the_columns(refused) -> None:
     line = refused("model=hf", "model.name_or_path=./bert", "dataset=text",
                    "dataset.train_file=train.csv")

@@ -86,10 +86,32 @@ def test_report_on_a_sweep_plots_one_point_per_job_from_sweep_summary(
     (points, path), = [call[:2] for call in drawn]
     rows = read_json(sweep / "sweep_summary.json")["jobs"]
     assert [(p.label, p.epsilon, p.test_accuracy) for p in points] == [
-        (f"noise_multiplier={sigma}", row["epsilon"], row["test_accuracy"])
+        (f"sigma = {sigma}", row["epsilon"], row["test_accuracy"])
         for sigma, row in zip((1, 2), rows)]
     assert _png_ok(sweep.parent / "pu.png")
     assert "Sweep summary" in out and "2 job(s) plotted" in out
+
+
+def test_a_sweep_whose_every_job_failed_draws_no_plot_and_says_so(tmp_path, monkeypatch, capsys):
+    # MNIST is not on disk (and not downloaded): every job stops before training
+    _, out, _ = run_in_process(["-m", "dataset=mnist", "dataset.root=absent",
+                                "privacy.noise_multiplier=1,2", "hydra.sweep.dir=sweep", *TINY],
+                               tmp_path, monkeypatch, capsys)
+    assert (tmp_path / "sweep" / "sweep_summary.json").is_file()
+    assert not (tmp_path / "sweep" / "privacy_utility.png").exists()
+    assert "no privacy-utility plot: none of its 2 job(s) finished with a test accuracy" in out
+
+
+def test_report_on_a_sweep_whose_every_job_failed_draws_no_plot_and_says_so(
+        tmp_path, monkeypatch, capsys):
+    rows = [{"job": str(i), "overrides": [f"privacy.noise_multiplier={i + 1}"],
+             "status": "failed", "epsilon": None, "test_accuracy": None} for i in range(2)]
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "sweep_summary.json").write_text(json.dumps({"jobs": rows}))
+    code, out, err = run_in_process(["report", "sweep"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert "no privacy-utility plot" in out and "picture:" not in out
+    assert not (tmp_path / "sweep" / "privacy_utility.png").exists()
 
 
 def test_report_on_a_folder_that_is_not_a_run_says_what_it_expected(tmp_path, monkeypatch, capsys):

@@ -18,6 +18,7 @@ from dptrain.data.fingerprint import data_fingerprint
 from dptrain.train import checkpoint as ckpt
 from dptrain.train.ledger import config_hash
 from dptrain.train.loop import train
+from dptrain.train.settings import command_line_names
 from dptrain.errors import ConfigError
 
 
@@ -55,8 +56,13 @@ def test_bit_flipped_checkpoint_is_refused_by_its_digest_before_anything_is_unpi
     assert unpickled == []
 
 
-def test_missing_checkpoint_names_train_resume(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="train.resume"):
+def test_missing_checkpoint_names_the_resume_argument_from_python(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"TrainSettings\.resume"):
+        ckpt.load_checkpoint(tmp_path / "nope.pt")
+
+
+def test_missing_checkpoint_names_train_resume_under_the_command(tmp_path: Path) -> None:
+    with command_line_names(), pytest.raises(ConfigError, match=r"\(train\.resume\)"):
         ckpt.load_checkpoint(tmp_path / "nope.pt")
 
 
@@ -160,7 +166,7 @@ def test_a_damaged_last_checkpoint_names_the_newest_one_that_still_loads(tmp_pat
     train(make_job(private=False), make_settings(tmp_path, epochs=2))
     folder = tmp_path / "checkpoints"
     _damage(folder / "last.pt")                      # epoch_2.pt is the same file
-    with pytest.raises(ConfigError) as refused:
+    with command_line_names(), pytest.raises(ConfigError) as refused:
         ckpt.load_checkpoint(folder / "last.pt")
     message = str(refused.value)
     assert "epoch_2.pt is the same file (a hard link) and damaged with it" in message

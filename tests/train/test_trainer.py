@@ -144,16 +144,20 @@ def test_unwritable_output_folder_is_a_config_error_before_training(tmp_path: Pa
         train(make_job(private=False), make_settings(blocker / "run"))
 
 
-def test_negative_epochs_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="train.epochs"):
+def test_negative_epochs_is_a_config_error_naming_the_python_argument(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"TrainSettings\.epochs=-1"):
         train(make_job(private=False), make_settings(tmp_path, epochs=-1))
 
 
-def test_fresh_run_refuses_a_folder_holding_another_runs_ledger(tmp_path: Path) -> None:
+def test_fresh_run_refuses_a_folder_holding_another_runs_ledger_naming_the_python_argument(
+        tmp_path: Path) -> None:
     train(make_job(private=False), make_settings(tmp_path, epochs=1))
     before = (tmp_path / "privacy_ledger.json").read_bytes()
-    with pytest.raises(ConfigError, match="train.resume=auto"):
+    with pytest.raises(ConfigError) as refused:
         train(make_job(private=False), make_settings(tmp_path, epochs=1))
+    assert "TrainSettings(resume='auto')" in str(refused.value)
+    assert "TrainSettings.run_dir" in str(refused.value)
+    assert "train.resume" not in str(refused.value) and "hydra" not in str(refused.value)
     assert (tmp_path / "privacy_ledger.json").read_bytes() == before
 
 

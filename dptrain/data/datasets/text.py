@@ -204,6 +204,11 @@ def _synthetic_parts(sizes: dict[str, int], task: str, num_labels: int, prompt: 
     return parts
 
 
+# The config key of a text dataset's tokenizer, as its messages name it (the command names
+# model.name_or_path instead when this key follows it: dptrain.cli.build.build_dataset).
+TOKENIZER_KEY = "dataset.tokenizer"
+
+
 def _tokenizer(tokenizer: str | None, pad_token: str | None, download: bool) -> Any:
     from dptrain.models.hf import load_tokenizer
 
@@ -214,7 +219,7 @@ def _tokenizer(tokenizer: str | None, pad_token: str | None, download: bool) -> 
             "dataset.tokenizer=FOLDER_OR_HUB_ID."
         )
     return load_tokenizer(str(tokenizer), download=download, pad_token=pad_token,
-                          key="dataset.tokenizer")
+                          key=TOKENIZER_KEY)
 
 
 def _check_max_len(max_len: Any) -> int:
