@@ -10,7 +10,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,6 @@ from dptrain_runner import QUIET, read_json, run_dptrain, run_in_process
 REPO = Path(__file__).resolve().parents[2]
 NOT_RUN = {"pip": "installs the package", "pytest": "the test suite this test belongs to"}
 MODULES = {"dptrain-privacy": "dptrain.cli.plan", "dptrain-ledger": "dptrain.cli.ledger_cmd"}
-SMOKE_SECONDS = 60    # measured 8 s on 2 busy CPU cores; the full synthetic IMDb took 339 s
 SMOKE_EXAMPLES = 1024  # dataset.max_samples caps the training and the test split alike
 
 
@@ -72,14 +70,13 @@ def test_each_dptrain_command_needing_data_composes(
 
 
 @pytest.mark.parametrize("args", [a for a in DPTRAIN if "dataset.synthetic=true" in a], ids=" ".join)
-def test_each_dptrain_command_needing_no_data_runs_in_seconds(args: list[str], tmp_path: Path) -> None:
-    started = time.monotonic()
-    result = run_dptrain([*args, "hydra.run.dir=run"], tmp_path, timeout=300)
-    seconds = time.monotonic() - started
+def test_each_dptrain_command_needing_no_data_runs_on_a_small_sample(args: list[str],
+                                                                      tmp_path: Path) -> None:
+    # its time is stated in the README as measured, not asserted (a timed test fails under load)
+    result = run_dptrain([*args, "hydra.run.dir=run"], tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr
     assert read_json(tmp_path / "run" / "result.json")["status"] == "completed"
     assert read_json(tmp_path / "run" / "privacy_ledger.json")["dataset"]["size"] <= SMOKE_EXAMPLES
-    assert seconds < SMOKE_SECONDS, f"the smoke test took {seconds:.0f} s"
 
 
 @pytest.mark.parametrize("argv", [c for c in COMMANDS if c[0] == "dptrain-privacy"], ids=" ".join)
