@@ -40,7 +40,9 @@ from dptrain.errors import (
     UnsupportedModuleError,
 )
 from dptrain.models.hf import check_task, loss_for_task
+from dptrain.data.sampling import default_sample_rate
 from dptrain.privacy.engine import PrivacyEngine
+from dptrain.privacy.plan import PerformanceSettings, calibrated
 from dptrain.train.job import PrivacySettings, TrainingJob, check_model_selection
 from dptrain.train.loggers import make_loggers
 from dptrain.train.loop import seed_everything
@@ -314,13 +316,6 @@ def _unreachable_in_keys(error: UnreachableEpsilonError, settings: TrainSettings
         f"lower train.epochs or train.batch_size.")
 
 
-def _make_engine(request: PrivacyRequest, seed: int) -> Any:
-    """A PrivacyEngine whose noise and Poisson sampling generators are seeded from OS entropy, or
-    from `train.seed` with `privacy.reproducible_mechanism=true`."""
-    return PrivacyEngine(accountant=request.accountant, secure_mode=request.secure_mode, seed=seed,
-                         reproducible_mechanism=request.reproducible_mechanism)
-
-
 def make_private_job(
     request: PrivacyRequest,
     model: nn.Module,
@@ -329,39 +324,27 @@ def make_private_job(
     settings: TrainSettings,
     num_examples: int,
 ) -> tuple[Any, nn.Module, torch.optim.Optimizer, DataLoader, PrivacySettings]:
-    """`request` applied through the engine: (engine, model, optimizer, loader, settings)."""
+    """`request`'s plan applied through the engine: (engine, model, optimizer, loader, settings).
+
+    The noise and Poisson sampling generators are seeded from OS entropy, or from `train.seed`
+    with `privacy.reproducible_mechanism=true`; with privacy=epsilon sigma is calibrated for
+    `train.epochs` first (`calibrated`).
+    """
     if not request.private:
-        return None, model, optimizer, loader, PrivacySettings(enabled=False, poisson_sampling=False)
+        return None, model, optimizer, loader, PrivacySettings(enabled=False)
     delta = _target_delta(request.target_delta, num_examples)
-    engine = _make_engine(request, settings.seed)
-    max_grad_norm = request.max_grad_norm
-    common = dict(
-        module=model,
-        optimizer=optimizer,
-        data_loader=loader,
-        max_grad_norm=list(max_grad_norm) if isinstance(max_grad_norm, tuple) else max_grad_norm,
-        clipping=request.clipping,
-        grad_sample_mode=request.grad_sample_mode,
-        poisson_sampling=request.poisson_sampling,
-    )
-    if request.calibrated:
+    plan = request.plan(default_sample_rate(loader, num_examples), delta)
+    if plan.noise.multiplier is None:
         try:
-            model, optimizer, loader = engine.make_private_with_epsilon(
-                **common, target_epsilon=request.target_epsilon, target_delta=delta,
-                epochs=settings.epochs
-            )
+            plan = calibrated(plan, settings.epochs)
         except UnreachableEpsilonError as error:
             raise _unreachable_in_keys(error, settings, num_examples) from error
-    else:
-        model, optimizer, loader = engine.make_private(
-            **common, noise_multiplier=request.noise_multiplier,
-            noise_schedule=request.varying_noise
-        )
-    settings_out = PrivacySettings.of_engine(engine, model, optimizer,
-                                             target_epsilon=request.target_epsilon,
-                                             target_delta=delta,
-                                             noise_schedule=dict(request.noise_schedule or {}))
-    return engine, model, optimizer, loader, settings_out
+    engine = PrivacyEngine.for_plan(plan, seed=settings.seed)
+    performance = PerformanceSettings(grad_sample_mode=request.grad_sample_mode)
+    model, optimizer, loader = engine.make_private(module=model, optimizer=optimizer,
+                                                   data_loader=loader, plan=plan,
+                                                   performance=performance)
+    return engine, model, optimizer, loader, PrivacySettings.of_engine(engine)
 
 
 # ----------------------------------------------------------------------------- the whole job

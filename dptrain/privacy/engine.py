@@ -24,7 +24,7 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
-from dptrain.accounting import get_accountant, get_noise_multiplier
+from dptrain.accounting import get_accountant
 from dptrain.accounting.shuffle import ShuffleAccountant
 from dptrain.data.distributed import DistributedDPDataLoader
 from dptrain.data.sampling import (
@@ -55,6 +55,7 @@ from dptrain.privacy.plan import (  # noqa: F401  (GRAD_SAMPLE_MODES: re-exporte
     PerformanceSettings,
     PrivacyPlan,
     Selection,
+    calibrated,
 )
 from dptrain.privacy.schedules import Schedule, as_schedule
 _INTERFACE = ("per_sample_batch_size", "squared_norms", "weighted_sum", "clear_per_sample",
@@ -83,12 +84,6 @@ def _as_spec(recorded: Any) -> dict[str, Any] | None:
         raise ConfigError(f"the plan's schedule {recorded['repr']} is a Python object: pass it "
                           "again to make_private (noise_schedule= or sample_rate_schedule=).")
     return dict(recorded)
-
-
-def _accounted_as(selection: str) -> str:
-    """The accounting of a selection kind: "shuffle" for shuffle, Poisson otherwise (a caller's
-    own loader, "given", is accounted as Poisson with a warning: no guarantee)."""
-    return "shuffle" if selection == "shuffle" else "poisson"
 
 
 def _make_accountant(accountant: Any) -> Any:
@@ -394,13 +389,8 @@ class PrivacyEngine:
         plan_args = {k: kwargs.pop(k) for k in _PLAN_ARGUMENTS if k in kwargs}
         plan = self.plan_of(data_loader, target_epsilon=target_epsilon, target_delta=target_delta,
                             noise_generator=kwargs.get("noise_generator"), **plan_args)
-        sigma = get_noise_multiplier(target_epsilon=target_epsilon, target_delta=target_delta,
-                                     sample_rate=plan.selection.sample_rate, epochs=epochs,
-                                     accountant=self.accountant.name,
-                                     epsilon_tolerance=epsilon_tolerance,
-                                     sampling=_accounted_as(plan.selection.kind))
         return self.make_private(data_loader=data_loader,
-                                 plan=plan.with_noise_multiplier(sigma), **kwargs)
+                                 plan=calibrated(plan, epochs, epsilon_tolerance), **kwargs)
 
     # -- accounting ----------------------------------------------------------------------------
     def _account_step(self, optimizer: DPOptimizer) -> None:

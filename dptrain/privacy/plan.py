@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from dptrain.accounting.calibration import get_noise_multiplier
 from dptrain.accounting.history import steps_per_epoch
 from dptrain.accounting.registry import accountant_class
 from dptrain.checks import (
@@ -235,6 +236,17 @@ class PrivacyPlan:
         return [f"{key}: {mine.get(key)!r} != {theirs.get(key)!r}"
                 for key in sorted(set(mine) | set(theirs))
                 if not _same(mine.get(key), theirs.get(key))]
+
+
+def calibrated(plan: PrivacyPlan, epochs: float, tolerance: float = 0.01) -> PrivacyPlan:
+    """`plan` with the smallest sigma whose `epochs` epochs spend at most its target epsilon at
+    its delta (the plan's accountant and selection); UnreachableEpsilonError when none does."""
+    sampling = "shuffle" if plan.selection.kind == "shuffle" else "poisson"
+    sigma = get_noise_multiplier(target_epsilon=plan.noise.target_epsilon,
+                                 target_delta=plan.delta, sample_rate=plan.selection.sample_rate,
+                                 epochs=epochs, accountant=plan.accountant,
+                                 epsilon_tolerance=tolerance, sampling=sampling)
+    return plan.with_noise_multiplier(sigma)
 
 
 def _leaves(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -53,7 +53,12 @@ from dptrain.train.job import (
     TrainingJob,
     check_model_selection,
 )
-from dptrain.train.ledger import history_steps, refresh_layer_strategies, run_ledger
+from dptrain.train.ledger import (
+    history_steps,
+    ledger_sampling,
+    refresh_layer_strategies,
+    run_ledger,
+)
 from dptrain.train.loggers import (  # noqa: F401  (METRICS_FILENAME: where it was)
     METRICS_FILENAME,
     JsonlLogger,
@@ -104,7 +109,8 @@ class Trainer:
         private = job.engine is not None
         self.ledger = run_ledger(job, settings, run_dir, f"{ckpt.CHECKPOINT_DIRNAME}/{BEST}")
         guard = BudgetGuard(job.privacy.target_epsilon if private else None,
-                            self.ledger.data["delta"], self.ledger.data["accountant"])
+                            self.ledger.data["delta"], self.ledger.data["accountant"],
+                            ledger_sampling(self.ledger.data))
         self.spend = PrivacySpend(job, self.ledger, guard, self.pos)
         self.checkpointer = Checkpointer(job, run_dir, self.pos, self.spend, self.ledger,
                                          settings.keep_checkpoints)

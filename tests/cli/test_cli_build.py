@@ -121,7 +121,7 @@ def test_a_noise_multiplier_in_an_epsilon_config_is_refused_not_calibrated_over(
 
 def test_a_target_epsilon_with_a_given_sigma_becomes_the_budget_guards_target(tmp_path):
     job, _ = build_job(compose_config("privacy=sigma", "+privacy.target_epsilon=2.0"), tmp_path)
-    assert (job.privacy.noise_multiplier, job.privacy.target_epsilon) == (1.0, 2.0)
+    assert (job.privacy.plan.noise.multiplier, job.privacy.target_epsilon) == (1.0, 2.0)
 
 
 def test_a_given_sigma_without_target_epsilon_has_no_budget_cap(tmp_path):
