@@ -198,13 +198,14 @@ class PrivacyRequest:
 
 def _sampling(privacy: Mapping[str, Any]) -> str:
     """`privacy.sampling` (poisson | shuffle), or its alias `privacy.poisson_sampling`
-    (false: shuffle); ConfigError when the two disagree."""
+    (false: shuffle; its default true defers to privacy.sampling); ConfigError for
+    sampling=poisson with poisson_sampling=false."""
     alias = BOOLEAN.check(privacy.get("poisson_sampling", True), "privacy.poisson_sampling")
     sampling = privacy.get("sampling")
     if sampling is None:
         return "poisson" if alias else "shuffle"
     sampling = one_of("poisson", "shuffle").check(sampling, "privacy.sampling")
-    if (sampling == "poisson") != alias:
+    if sampling == "poisson" and not alias:
         raise ConfigError(f"privacy.sampling={sampling} but privacy.poisson_sampling={str(alias).lower()} "
                           "(its older name) says otherwise: set privacy.sampling alone.")
     return sampling
