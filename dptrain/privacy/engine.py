@@ -335,7 +335,8 @@ class PrivacyEngine:
         if callable(getattr(private_loader, "add_hand_out_listener", None)):
             dp_optimizer.follow_loader(private_loader)
         dp_optimizer.attach_step_hook(self._account_step)
-        if plan.selection.kind == "shuffle" and not isinstance(self.accountant, ShuffleAccountant):
+        if plan.selection.accounting == "shuffle" and not isinstance(self.accountant,
+                                                                      ShuffleAccountant):
             self.accountant = get_accountant(self.accountant.name, "shuffle")
         self.optimizer, self.data_loader, self.dataset_size = dp_optimizer, private_loader, num_samples
         self.plan, self.performance = plan, performance

@@ -87,6 +87,12 @@ class Selection:
         return steps_per_epoch(self.sample_rate)
 
     @property
+    def accounting(self) -> str:
+        """How its steps are accounted (dptrain.accounting.get_accountant's `sampling`):
+        "shuffle", or "poisson" (a caller's own loader, "given", too: no guarantee)."""
+        return "shuffle" if self.kind == "shuffle" else "poisson"
+
+    @property
     def amplified(self) -> bool:
         """Whether the accounting uses amplification by subsampling (Poisson only)."""
         return self.kind == "poisson"
@@ -241,11 +247,10 @@ class PrivacyPlan:
 def calibrated(plan: PrivacyPlan, epochs: float, tolerance: float = 0.01) -> PrivacyPlan:
     """`plan` with the smallest sigma whose `epochs` epochs spend at most its target epsilon at
     its delta (the plan's accountant and selection); UnreachableEpsilonError when none does."""
-    sampling = "shuffle" if plan.selection.kind == "shuffle" else "poisson"
     sigma = get_noise_multiplier(target_epsilon=plan.noise.target_epsilon,
                                  target_delta=plan.delta, sample_rate=plan.selection.sample_rate,
                                  epochs=epochs, accountant=plan.accountant,
-                                 epsilon_tolerance=tolerance, sampling=sampling)
+                                 epsilon_tolerance=tolerance, sampling=plan.selection.accounting)
     return plan.with_noise_multiplier(sigma)
 
 
