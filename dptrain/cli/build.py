@@ -37,7 +37,6 @@ from dptrain.errors import (
     DPTrainError,
     PrivacyError,
     UnreachableEpsilonError,
-    UnsupportedModuleError,
 )
 from dptrain.models.hf import check_task, loss_for_task
 from dptrain.data.sampling import default_sample_rate
@@ -54,7 +53,6 @@ log = logging.getLogger(__name__)
 # Every key the `train` section may hold: the fields of TrainConfig.
 TRAIN_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig))
 EVAL_BATCH_SIZE = 1024
-MAX_LISTED = 4  # submodule paths named per kind of validation problem
 
 
 # ----------------------------------------------------------------------------- config helpers
@@ -183,21 +181,11 @@ def build_model(model_cfg: DictConfig, splits: DatasetSplits | None = None) -> n
 
 def check_private_model(model: nn.Module, model_key: str) -> None:
     """Raise UnsupportedModuleError listing what stops `model` from DP-SGD, and the fixes."""
-    problems = ModuleValidator.validate(model)
-    if problems:
-        by_kind: dict[tuple[str, str], list[str]] = {}
-        for p in problems:
-            by_kind.setdefault((p.problem, p.fix), []).append(p.path or "<model>")
-        listed = " ".join(
-            f"[{', '.join(paths[:MAX_LISTED])}{', ...' if len(paths) > MAX_LISTED else ''}] "
-            f"({len(paths)} module{'s' if len(paths) > 1 else ''}): {problem} Fix: {fix}"
-            for (problem, fix), paths in by_kind.items()
-        )
-        raise UnsupportedModuleError(
-            f"model={model_key} cannot be trained with DP-SGD as it is: {listed} Choose a "
-            f"DP-compatible model (model=...), build yours with dptrain.ModuleValidator.fix(model) "
-            f"applied in its constructor, or train without privacy (privacy=none)."
-        )
+    ModuleValidator.raise_if_invalid(
+        model, f"model={model_key}",
+        "Choose a DP-compatible model (model=...), build yours with "
+        "dptrain.ModuleValidator.fix(model) applied in its constructor, or train without privacy "
+        "(privacy=none).")
 
 
 def check_model_fits_data(model: nn.Module, splits: DatasetSplits, model_key: str) -> None:
