@@ -44,7 +44,7 @@ from dptrain.privacy.engine import PrivacyEngine
 from dptrain.privacy.plan import PerformanceSettings, calibrated
 from dptrain.train.job import PrivacySettings, TrainingJob, check_model_selection
 from dptrain.train.loggers import make_loggers
-from dptrain.train.loop import seed_everything
+from dptrain.randomness import seed_everything
 from dptrain.train.settings import TrainConfig, TrainSettings
 from dptrain.validation import ModuleValidator
 

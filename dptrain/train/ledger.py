@@ -39,6 +39,7 @@ from dptrain.accounting.history import (  # noqa: F401  (re-exported: the ledger
     truncate_history,
 )
 from dptrain.checks import default_delta  # noqa: F401  (re-exported: where it was)
+from dptrain.distributed.consistency import flatten
 from dptrain.errors import ConfigError, DPTrainError
 from dptrain.io import atomic_write_json, json_safe
 from dptrain.train.job import TrainingJob
@@ -220,24 +221,12 @@ LEDGER_SCHEMA: dict[str, Any] = {
 
 
 # ----------------------------------------------------------------------------- config hashing
-def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten nested dicts to dotted keys: {"a": {"b": 1}} -> {"a.b": 1}."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(flatten_config(value, dotted + "."))
-        else:
-            flat[dotted] = value
-    return flat
-
-
 def _hashed_items(config: dict[str, Any]) -> dict[str, Any]:
     """The flattened config without the keys that may change on resume (RESUME_EXEMPT_KEYS)."""
     def exempt(key: str) -> bool:
         return any(key == k or key.startswith(k + ".") for k in RESUME_EXEMPT_KEYS)
 
-    return {k: v for k, v in flatten_config(config).items() if not exempt(k)}
+    return {k: v for k, v in flatten(config).items() if not exempt(k)}
 
 
 def config_hash(config: dict[str, Any]) -> str:

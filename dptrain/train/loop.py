@@ -25,13 +25,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import math
-import random
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from dptrain.accounting.history import history_steps
@@ -59,14 +57,14 @@ from dptrain.train.ledger import (
     refresh_layer_strategies,
     run_ledger,
 )
-from dptrain.train.loggers import (  # noqa: F401  (METRICS_FILENAME: where it was)
-    METRICS_FILENAME,
+from dptrain.train.loggers import (
     JsonlLogger,
     MetricLogger,
     MetricLoggers,
     learning_rates,
     with_run_record,
 )
+from dptrain.randomness import seed_everything
 from dptrain.train.preemption import Preemption
 from dptrain.train.resume import Resumer, resume_on_every_rank
 from dptrain.train.run_lock import hold_run_folder
@@ -74,13 +72,6 @@ from dptrain.train.settings import TrainSettings
 
 # The system errors of storage that cannot take more bytes: disk full, quota reached.
 FULL_STORAGE = (errno.ENOSPC, errno.EDQUOT)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed torch (CPU and CUDA), numpy and python's `random`."""
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
 
 
 class _Started:
