@@ -209,3 +209,25 @@ def test_a_reproducible_mechanism_with_secure_mode_is_refused_naming_both_keys(t
     cfg = compose_config("privacy.reproducible_mechanism=true", "privacy.secure_mode=true")
     with pytest.raises(ConfigError, match=r"reproducible_mechanism.*secure_mode"):
         build_job(cfg, tmp_path)
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (("privacy.sampling=cyclic",), "privacy.sampling"),
+    (("privacy.sampling=poisson", "privacy.poisson_sampling=false"), "privacy.sampling alone"),
+])
+def test_an_unusable_batch_selection_is_refused_naming_its_key(overrides, words, tmp_path):
+    with pytest.raises(ConfigError, match=words):
+        build_job(compose_config("privacy=sigma", *overrides), tmp_path)
+
+
+def test_privacy_epsilon_with_shuffled_batches_calibrates_sigma_with_the_shuffled_accounting(
+        tmp_path):
+    from dptrain.accounting.shuffle import shuffle_epsilon
+
+    job, settings = build_job(compose_config("privacy=epsilon", "privacy.sampling=shuffle",
+                                             "privacy.target_epsilon=8"), tmp_path)
+    plan = job.privacy.plan
+    steps = settings.epochs * plan.selection.steps_per_epoch
+    spent = shuffle_epsilon([(plan.noise.multiplier, plan.selection.sample_rate, steps)],
+                            plan.delta)
+    assert plan.selection.kind == "shuffle" and 8 - 0.01 <= spent <= 8
