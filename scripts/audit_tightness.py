@@ -1,5 +1,8 @@
 """How close does a one-run audit come to the claimed epsilon? lower bound / claimed at 1, 4, 8.
 
+Both bounds the audit reports, from the same scores: the (epsilon, delta) bound of Steinke, Nasr
+and Jagielski ("snj") and the f-DP Gaussian bound of Mahloujifar, Melis and Chaudhuri ("fdp").
+
 Two settings, both with m canaries, delta = 1e-5, 95% confidence and the default guessing rules
 (Bonferroni over them):
 
@@ -28,14 +31,20 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from dptrain.accounting import get_noise_multiplier
-from dptrain.audit import audit_scores, one_run
+from dptrain.audit import AuditResult, audit_scores, one_run
 from dptrain.privacy.engine import PrivacyEngine
 
 DELTA = 1e-5
 EPSILONS = (1.0, 4.0, 8.0)
 
 
-def gaussian_ratio(epsilon: float, canaries: int, seed: int) -> float:
+def ratios(result: AuditResult) -> tuple[float, float]:
+    """(snj, fdp): each lower bound / the claimed epsilon."""
+    return (result.lower_bound / result.claimed_epsilon,
+            result.fdp_lower_bound / result.claimed_epsilon)
+
+
+def gaussian_ratio(epsilon: float, canaries: int, seed: int) -> tuple[float, float]:
     """lower / claimed for the idealized Gaussian mechanism (one release per canary)."""
     sigma = get_noise_multiplier(target_epsilon=epsilon, target_delta=DELTA, sample_rate=1.0,
                                  steps=1, accountant="prv")
@@ -44,11 +53,11 @@ def gaussian_ratio(epsilon: float, canaries: int, seed: int) -> float:
     scores = included / sigma + rng.standard_normal(canaries)
     result = audit_scores(scores, included, kind="white_box", score="gaussian",
                           claimed_epsilon=epsilon, delta=DELTA)
-    return result.lower_bound / epsilon
+    return ratios(result)
 
 
 def dpsgd_ratio(epsilon: float, canaries: int, seed: int, sample_rate: float,
-                steps: int, features: int = 2000, size: int = 500) -> float:
+                steps: int, features: int = 2000, size: int = 500) -> tuple[float, float]:
     """lower / claimed for a white-box all-iterates audit of DP-SGD on Linear(features, 10)."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -74,7 +83,7 @@ def dpsgd_ratio(epsilon: float, canaries: int, seed: int, sample_rate: float,
                     return
 
     result = one_run(train, engine=engine, delta=DELTA, canaries=canaries, seed=seed)
-    return result.lower_bound / result.claimed_epsilon
+    return ratios(result)
 
 
 def measure(settings: Sequence[str], canaries: int, repeats: int) -> list[dict]:
@@ -87,13 +96,16 @@ def measure(settings: Sequence[str], canaries: int, repeats: int) -> list[dict]:
             continue
         for epsilon in EPSILONS:
             start = time.perf_counter()
-            ratios = [run(epsilon, seed) for seed in range(repeats)]
+            snj, fdp = zip(*[run(epsilon, seed) for seed in range(repeats)])
             rows.append({"setting": name, "epsilon": epsilon, "canaries": canaries,
-                         "ratios": [round(r, 3) for r in ratios],
-                         "mean_ratio": round(float(np.mean(ratios)), 3),
+                         "ratios": [round(r, 3) for r in snj],
+                         "mean_ratio": round(float(np.mean(snj)), 3),
+                         "fdp_ratios": [round(r, 3) for r in fdp],
+                         "fdp_mean_ratio": round(float(np.mean(fdp)), 3),
                          "seconds": round(time.perf_counter() - start, 1)})
-            print(f"{name:<24s} eps={epsilon:<4g} m={canaries:<6d} lower/claimed = "
-                  f"{np.mean(ratios):.2f} ({', '.join(f'{r:.2f}' for r in ratios)})  "
+            print(f"{name:<24s} eps={epsilon:<4g} m={canaries:<6d} lower/claimed: snj "
+                  f"{np.mean(snj):.2f} ({', '.join(f'{r:.2f}' for r in snj)}), fdp "
+                  f"{np.mean(fdp):.2f} ({', '.join(f'{r:.2f}' for r in fdp)})  "
                   f"{rows[-1]['seconds']:.1f} s", flush=True)
     return rows
 

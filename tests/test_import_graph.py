@@ -89,3 +89,14 @@ def test_only_the_cli_and_its_configs_import_hydra_or_omegaconf_anywhere():
         if module.split(".")[0] in ("hydra", "omegaconf")
     )
     assert offenders == []
+
+
+def test_no_part_of_dptrain_imports_the_integrations():
+    offenders = sorted(
+        str(path.relative_to(ROOT))
+        for path in ROOT.rglob("*.py")
+        if path.relative_to(ROOT).parts[0] != "integrations"
+        for module in _imported_modules(ast.parse(path.read_text(encoding="utf-8")))
+        if _part(module) == "integrations"
+    )
+    assert offenders == []

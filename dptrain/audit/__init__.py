@@ -6,6 +6,7 @@ actually has. A lower bound above the claimed epsilon is a violation: a bug in c
 sampling or accounting. See docs/auditing.md.
 
     bound.py     the theorem: p-values, the epsilon lower bound, the Bonferroni best-of-k
+    fdp.py       the f-DP analysis (Mahloujifar, Melis, Chaudhuri 2024): a Gaussian-DP mu bound
     canaries.py  white-box Dirac gradient canaries, black-box mislabeled examples, their scores
     result.py    guessing rules, AuditResult and its verdict, audit.json and the score figure
     run.py       one_run: audit a run made by make_private in one call
@@ -22,6 +23,8 @@ _PUBLIC = {
     "DiracCanaries": "dptrain.audit.canaries",
     "MislabeledCanaries": "dptrain.audit.canaries",
     "epsilon_lower_bound": "dptrain.audit.bound",
+    "fdp_epsilon_lower_bound": "dptrain.audit.fdp",
+    "gdp_mu_lower_bound": "dptrain.audit.fdp",
     "p_value": "dptrain.audit.bound",
 }
 

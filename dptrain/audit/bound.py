@@ -143,13 +143,17 @@ def epsilon_lower_bound(canaries: int, guesses: int, correct: int, delta: float,
 class GuessOutcome:
     """One pre-declared guessing rule applied to the scores, and the bound it yields.
 
-    `lower_bound` is at the Bonferroni-corrected confidence 1 - alpha / k (k rules).
+    The bounds are at the Bonferroni-corrected confidence 1 - alpha / k (k rules): the
+    (epsilon, delta) `lower_bound` of this module and the f-DP (Gaussian) bounds of
+    `dptrain.audit.fdp` (filled in by `dptrain.audit.result.audit_scores`).
     """
 
     guesses_included: int   # k+: the highest scores guessed "included"
     guesses_excluded: int   # k-: the lowest scores guessed "excluded"
     correct: int            # v: correct guesses among the r = k+ + k-
     lower_bound: float
+    fdp_mu_lower_bound: float = 0.0  # mu-GDP rejected for every smaller mu
+    fdp_lower_bound: float = 0.0     # epsilon of that mu-GDP at the run's delta
 
     @property
     def guesses(self) -> int:

@@ -6,6 +6,12 @@ rest; "top_and_bottom" guesses "included" for the highest half of them and "excl
 lowest half. Every (fraction, side) pair is one rule; the best bound over all of them is
 reported with the Bonferroni correction of `dptrain.audit.bound.best_lower_bound`. Ties between
 scores are broken by canary index, never by inclusion.
+
+Two bounds come from the same guesses: the (epsilon, delta) bound of Steinke, Nasr and
+Jagielski (`dptrain.audit.bound`), on which the verdict rests, and beside it the f-DP bound of
+Mahloujifar, Melis and Chaudhuri for the Gaussian-DP family (`dptrain.audit.fdp`): a lower bound
+on mu and the epsilon of mu-GDP at the run's delta. Each is the best over the same rules, with
+its own Bonferroni correction, and each holds at the stated confidence on its own.
 """
 
 from __future__ import annotations
@@ -13,13 +19,14 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from dptrain.audit.bound import GuessOutcome, best_lower_bound, check_confidence
+from dptrain.audit.fdp import best_gdp_mu_lower_bound, mu_to_epsilon
 from dptrain.errors import ConfigError
 
 AUDIT_FILE = "audit.json"
@@ -88,21 +95,40 @@ class AuditResult:
     guesses_excluded: int         # k- of the best rule
     correction: str = "bonferroni"
     rules: tuple[GuessOutcome, ...] = field(default=())
+    fdp_mu_lower_bound: float = 0.0  # f-DP (Gaussian) bound: the run is not mu-GDP for smaller mu
+    fdp_lower_bound: float = 0.0     # epsilon of that mu-GDP at `delta`
+    fdp_guesses: int = 0             # r of the rule with the best f-DP bound
+    fdp_correct: int = 0             # v of that rule
 
     @property
     def violation(self) -> bool:
-        """True when the empirical lower bound exceeds the claimed epsilon."""
+        """True when the (epsilon, delta) lower bound exceeds the claimed epsilon."""
         return self.lower_bound > self.claimed_epsilon
+
+    @property
+    def fdp_exceeds_claim(self) -> bool:
+        """True when the f-DP (Gaussian) lower bound exceeds the claimed epsilon: the run is
+        not Gaussian-DP at the claimed epsilon (a violation for a full-batch run, which is
+        exactly mu-GDP; see docs/auditing.md)."""
+        return self.fdp_lower_bound > self.claimed_epsilon
+
+    def _fdp_clause(self) -> str:
+        return (f"f-DP (Gaussian) lower bound {self.fdp_lower_bound:.3g} (mu >= "
+                f"{self.fdp_mu_lower_bound:.3g})")
 
     @property
     def verdict(self) -> str:
         if self.violation:
             return (f"VIOLATION: the run leaked more than it claims (epsilon >= "
                     f"{self.lower_bound:.3g} with {self.confidence:.0%} confidence, claimed "
-                    f"{self.claimed_epsilon:.3g} at delta = {self.delta:.3g})")
+                    f"{self.claimed_epsilon:.3g} at delta = {self.delta:.3g}; "
+                    f"{self._fdp_clause()})")
+        fdp = (f"{self._fdp_clause()} > claimed: not Gaussian-DP at the claimed epsilon, a "
+               "violation for a full-batch run only (docs/auditing.md)"
+               if self.fdp_exceeds_claim else f"{self._fdp_clause()} <= claimed")
         return (f"consistent: empirical lower bound {self.lower_bound:.3g} <= claimed epsilon "
                 f"{self.claimed_epsilon:.3g} ({self.confidence:.0%} confidence, delta = "
-                f"{self.delta:.3g})")
+                f"{self.delta:.3g}); {fdp}")
 
     def summary(self) -> str:
         """A few lines a person can read: both bounds, the counts, the verdict."""
@@ -113,13 +139,17 @@ class AuditResult:
             f"  {self.canaries} canaries ({self.included} included); best rule: {self.correct} "
             f"of {self.guesses} guesses correct ({self.guesses_included} top, "
             f"{self.guesses_excluded} bottom; {len(self.rules)} rules, {self.correction})",
+            f"  f-DP (Gaussian, Mahloujifar et al.): mu >= {self.fdp_mu_lower_bound:.4g}, "
+            f"epsilon >= {self.fdp_lower_bound:.4g} at delta = {self.delta:.3g} (best rule: "
+            f"{self.fdp_correct} of {self.fdp_guesses} correct)",
             f"  {self.verdict}",
         ])
 
     def to_dict(self) -> dict[str, Any]:
         record = asdict(self)
         record["rules"] = [{**asdict(rule), "guesses": rule.guesses} for rule in self.rules]
-        return {**record, "violation": self.violation, "verdict": self.verdict}
+        return {**record, "violation": self.violation,
+                "fdp_exceeds_claim": self.fdp_exceeds_claim, "verdict": self.verdict}
 
 
 def audit_scores(scores: np.ndarray, included: np.ndarray, *, kind: str, score: str,
@@ -147,11 +177,18 @@ def audit_scores(scores: np.ndarray, included: np.ndarray, *, kind: str, score: 
     outcomes = [(k_plus, k_minus, count_correct(scores, included, k_plus, k_minus))
                 for k_plus, k_minus in counts]
     best, all_rules = best_lower_bound(m, outcomes, delta, confidence)
+    fdp_best, mus = best_gdp_mu_lower_bound(m, outcomes, confidence)
+    all_rules = tuple(replace(rule, fdp_mu_lower_bound=mu, fdp_lower_bound=mu_to_epsilon(mu, delta))
+                      for rule, mu in zip(all_rules, mus))
+    fdp_rule = all_rules[fdp_best]
     result = AuditResult(kind=kind, score=score, claimed_epsilon=float(claimed_epsilon),
                          delta=float(delta), lower_bound=best.lower_bound, confidence=confidence,
                          canaries=m, included=int(included.sum()), guesses=best.guesses,
                          correct=best.correct, guesses_included=best.guesses_included,
-                         guesses_excluded=best.guesses_excluded, rules=all_rules)
+                         guesses_excluded=best.guesses_excluded, rules=all_rules,
+                         fdp_mu_lower_bound=fdp_rule.fdp_mu_lower_bound,
+                         fdp_lower_bound=fdp_rule.fdp_lower_bound,
+                         fdp_guesses=fdp_rule.guesses, fdp_correct=fdp_rule.correct)
     if out_dir is not None:
         write_audit(result, scores, included, out_dir)
     return result
@@ -197,8 +234,8 @@ def plot_scores(result: AuditResult, scores: np.ndarray, included: np.ndarray,
     ax.set_xlabel(f"canary score ({result.score})")
     ax.set_ylabel("canaries")
     ax.set_title(f"{'VIOLATION' if result.violation else 'consistent'}: lower bound "
-                 f"{result.lower_bound:.3g} vs claimed epsilon {result.claimed_epsilon:.3g}",
-                 fontsize=10)
+                 f"{result.lower_bound:.3g} (f-DP {result.fdp_lower_bound:.3g}) vs claimed "
+                 f"epsilon {result.claimed_epsilon:.3g}", fontsize=10)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -40,6 +40,7 @@ from dptrain.errors import (
 )
 from dptrain.models.hf import check_task, loss_for_task
 from dptrain.data.sampling import default_sample_rate
+from dptrain.data.user_sampling import user_sample_rate
 from dptrain.privacy.engine import PrivacyEngine
 from dptrain.privacy.plan import PerformanceSettings, calibrated
 from dptrain.train.job import PrivacySettings, TrainingJob, check_model_selection
@@ -270,24 +271,26 @@ def build_loaders(
 
 
 # ----------------------------------------------------------------------------- privacy
-def _target_delta(configured: Any, num_examples: int) -> float:
-    """`privacy.target_delta`, or the 1/(10 N) rule when it is null (said in the run's log)."""
+def _target_delta(configured: Any, num_examples: int, unit: str = "training examples") -> float:
+    """`privacy.target_delta`, or the 1/(10 N) rule when it is null (said in the run's log); N
+    counts `unit` (examples, or users with privacy.unit=user)."""
     if configured is not None:
         delta = float(configured)
         if num_examples and delta >= 1.0 / num_examples:
             raise ConfigError(
                 f"privacy.target_delta={configured} is not below 1/N = {1.0 / num_examples:.3g} "
-                f"(N = {num_examples} training examples): a mechanism that publishes one random "
-                f"training example satisfies that delta, so the epsilon reported would protect no "
+                f"(N = {num_examples} {unit}): a mechanism that publishes one random "
+                f"training example (or user) satisfies that delta, so the epsilon reported would protect no "
                 f"one. Set privacy.target_delta well below 1/N, e.g. "
                 f"{default_delta(num_examples):g}, or null for 1/(10 N) rounded down.")
         return delta
     delta = default_delta(num_examples)
     log.info(
         "privacy.target_delta is null: using delta = %g, 1/(10 N) rounded down to a power of "
-        "ten for N = %d training examples (set privacy.target_delta to choose it).",
+        "ten for N = %d %s (set privacy.target_delta to choose it).",
         delta,
         num_examples,
+        unit,
     )
     return delta
 
@@ -302,6 +305,20 @@ def _unreachable_in_keys(error: UnreachableEpsilonError, settings: TrainSettings
         f"{error.sample_rate:.3g}, and even sigma = 10000 spends epsilon {error.best:.4g} at "
         f"delta {error.delta:g}. Raise privacy.target_epsilon to at least {error.best:.3g}, or "
         f"lower train.epochs or train.batch_size.")
+
+
+def user_level_arguments(request: PrivacyRequest, dataset: Any) -> dict[str, Any]:
+    """make_private's user ids for privacy.unit=user (the training split's, from
+    dataset.user_column); {} for example-level privacy. ConfigError when the dataset has no
+    user ids."""
+    if request.unit != "user":
+        return {}
+    user_ids = getattr(dataset, "user_ids", None)
+    if user_ids is None:
+        raise ConfigError("privacy.unit=user needs the user of every training example: set "
+                          "dataset.user_column=COLUMN (dataset=text: the CSV/JSON/Parquet column "
+                          "naming each row's user), or use privacy.unit=example.")
+    return {"user_ids": user_ids}
 
 
 def make_private_job(
@@ -320,18 +337,21 @@ def make_private_job(
     """
     if not request.private:
         return None, model, optimizer, loader, PrivacySettings(enabled=False)
-    delta = _target_delta(request.target_delta, num_examples)
-    plan = request.plan(default_sample_rate(loader, num_examples), delta)
+    unit = user_level_arguments(request, loader.dataset)
+    num_units = len(unit["user_ids"].unique()) if unit else num_examples  # N: examples or users
+    delta = _target_delta(request.target_delta, num_units, "users" if unit else "training examples")
+    rate = user_sample_rate(loader, num_units) if unit else default_sample_rate(loader, num_examples)
+    plan = request.plan(rate, delta)
     if plan.noise.multiplier is None:
         try:
             plan = calibrated(plan, settings.epochs)
         except UnreachableEpsilonError as error:
-            raise _unreachable_in_keys(error, settings, num_examples) from error
+            raise _unreachable_in_keys(error, settings, num_units) from error
     engine = PrivacyEngine.for_plan(plan, seed=settings.seed)
     performance = PerformanceSettings(grad_sample_mode=request.grad_sample_mode)
     model, optimizer, loader = engine.make_private(module=model, optimizer=optimizer,
                                                    data_loader=loader, plan=plan,
-                                                   performance=performance)
+                                                   performance=performance, **unit)
     return engine, model, optimizer, loader, PrivacySettings.of_engine(engine)
 
 

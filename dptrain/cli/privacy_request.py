@@ -26,10 +26,19 @@ from dptrain.checks import (
     one_of,
 )
 from dptrain.cli.schema import EpsilonPrivacyConfig, SigmaPrivacyConfig
+from dptrain.data.user_sampling import check_max_examples_per_user
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import CLIPPING_MODES
-from dptrain.privacy.plan import GRAD_SAMPLE_MODES, Clipping, Noise, PrivacyPlan, Selection
+from dptrain.privacy.plan import (
+    GRAD_SAMPLE_MODES,
+    Clipping,
+    Noise,
+    PrivacyPlan,
+    Selection,
+    Unit,
+)
 from dptrain.privacy.schedules import as_schedule
+from dptrain.privacy.user_level import PRIVACY_UNITS
 
 EPSILON, SIGMA, NONE = "epsilon", "sigma", "none"
 PRIVACY_MODES = (EPSILON, SIGMA, NONE)
@@ -126,6 +135,8 @@ class PrivacyRequest:
     secure_mode: bool = False
     reproducible_mechanism: bool = False      # noise and sampling seeded from train.seed (an opt-in)
     noise_schedule: Mapping[str, Any] | None = None  # the noise_schedule section (the ledger's)
+    unit: str = "example"                     # "user": user-level DP (dptrain.privacy.user_level)
+    max_examples_per_user: int | None = None  # unit=user: examples of a sampled user per batch
 
     @property
     def private(self) -> bool:
@@ -156,7 +167,8 @@ class PrivacyRequest:
                         schedule=self.varying_noise),
             accountant=self.accountant, delta=delta,
             randomness="secure" if self.secure_mode else
-            ("reproducible" if self.reproducible_mechanism else "os_entropy"))
+            ("reproducible" if self.reproducible_mechanism else "os_entropy"),
+            unit=Unit(self.unit, max_examples_per_user=self.max_examples_per_user))
 
     @classmethod
     def parse(cls, privacy: Mapping[str, Any],
@@ -193,6 +205,9 @@ class PrivacyRequest:
             secure_mode=BOOLEAN.check(privacy.get("secure_mode", False), "privacy.secure_mode"),
             reproducible_mechanism=_reproducible_mechanism(privacy),
             noise_schedule=_checked_schedule(noise_schedule, mode, sigma),
+            unit=one_of(*PRIVACY_UNITS).check(privacy.get("unit", "example"), "privacy.unit"),
+            max_examples_per_user=check_max_examples_per_user(
+                privacy.get("max_examples_per_user"), "privacy.max_examples_per_user"),
         )
 
 

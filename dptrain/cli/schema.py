@@ -81,6 +81,7 @@ class TextFilesDatasetConfig(PretrainedTextDatasetConfig):
     label_column: Optional[str] = "label"   # null: a text-only (causal LM) dataset
     prompt_column: Optional[str] = None
     num_labels: int = 2
+    user_column: Optional[str] = None   # privacy.unit=user: the column naming each row's user
 
 
 # ----------------------------------------------------------------------------- model
@@ -194,6 +195,8 @@ class DPSGDConfig(PrivacyConfig):
     poisson_sampling: bool = True       # the older name of sampling (false: shuffle)
     secure_mode: bool = False
     reproducible_mechanism: bool = False
+    unit: str = "example"               # example | user (needs dataset.user_column)
+    max_examples_per_user: Optional[int] = None   # unit=user: cap per sampled user (null: all)
 
 
 @dataclass

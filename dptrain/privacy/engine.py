@@ -33,6 +33,7 @@ from dptrain.data.sampling import (
     dataset_size,
     default_sample_rate,
 )
+from dptrain.data.user_sampling import UserDPDataLoader, user_groups, user_sample_rate
 from dptrain.distributed.ddp import unwrap_ddp
 from dptrain.grad_sample.ghost import GhostClippingModule
 from dptrain.grad_sample.module import GradSampleModule
@@ -55,14 +56,18 @@ from dptrain.privacy.plan import (  # noqa: F401  (GRAD_SAMPLE_MODES: re-exporte
     PerformanceSettings,
     PrivacyPlan,
     Selection,
+    Unit,
     calibrated,
 )
 from dptrain.privacy.schedules import Schedule, as_schedule
+from dptrain.privacy.user_level import (UserLevelClipper, UserLevelRequest,
+                                        check_user_level_source, user_level_request)
 _INTERFACE = ("per_sample_batch_size", "squared_norms", "weighted_sum", "clear_per_sample",
               "check_complete")
 ScheduleSpec = Schedule | Callable[[int], float] | dict[str, Any] | None
 # make_private's keyword arguments that describe the plan (the others say how it is computed).
-_PLAN_ARGUMENTS = ("max_grad_norm", "poisson_sampling", "sampling", "clipping",
+_PLAN_ARGUMENTS = ("max_grad_norm", "poisson_sampling", "sampling", "clipping", "privacy_unit",
+                   "max_examples_per_user",
                    "target_unclipped_quantile", "clipbound_learning_rate", "count_noise_std")
 
 
@@ -221,6 +226,7 @@ class PrivacyEngine:
         self.poisson_sampling = True
         self.plan: PrivacyPlan | None = None            # set by make_private
         self.performance: PerformanceSettings | None = None
+        self.privacy_unit = "example"  # "user" after make_private(privacy_unit="user")
 
     # -- making things private ---------------------------------------------------------------
     def plan_of(self, data_loader: DataLoader, *, noise_multiplier: float | None = None,
@@ -230,11 +236,14 @@ class PrivacyEngine:
                 target_unclipped_quantile: float = 0.5, clipbound_learning_rate: float = 0.2,
                 count_noise_std: float | None = None, target_epsilon: float | None = None,
                 target_delta: float | None = None,
-                noise_generator: torch.Generator | None = None) -> PrivacyPlan:
-        """The plan make_private's keyword arguments describe (q = the loader's batch_size / N;
-        `sampling` "poisson" | "shuffle"; poisson_sampling=False without it: the caller's own
-        loader, accounted as Poisson, no guarantee)."""
-        _, rate = self._loader_rate(data_loader)
+                noise_generator: torch.Generator | None = None, privacy_unit: str = "example",
+                user_ids: Any = None, max_examples_per_user: int | None = None) -> PrivacyPlan:
+        """The plan make_private's keyword arguments describe (q = the loader's batch_size / N,
+        N the examples, or the users with privacy_unit="user"; `sampling` "poisson" |
+        "shuffle"; poisson_sampling=False without it: the caller's own loader, accounted as
+        Poisson, no guarantee)."""
+        unit = Unit(privacy_unit, max_examples_per_user=max_examples_per_user)
+        _, rate = self._unit_rate(data_loader, unit, user_ids)
         if sampling is None:
             sampling = "poisson" if poisson_sampling else "given"
         sigma = check_noise_multiplier(noise_multiplier) if noise_multiplier is not None else None
@@ -249,7 +258,7 @@ class PrivacyEngine:
             noise=Noise(multiplier=sigma, target_epsilon=target_epsilon,
                         schedule=schedule_spec(noise_schedule)),
             accountant=self.accountant.name, delta=target_delta,
-            randomness=self._planned_randomness(noise_generator))
+            randomness=self._planned_randomness(noise_generator), unit=unit)
 
     def make_private(self, *, module: nn.Module, optimizer: Optimizer, data_loader: DataLoader,
                      noise_multiplier: float | None = None,
@@ -261,15 +270,21 @@ class PrivacyEngine:
                      sample_rate_schedule: ScheduleSpec = None, allow_non_poisson: bool = False,
                      batch_first: bool = True, loss_reduction: str = "mean",
                      target_unclipped_quantile: float = 0.5, clipbound_learning_rate: float = 0.2,
-                     count_noise_std: float | None = None) -> tuple[Any, DPOptimizer, Any]:
+                     count_noise_std: float | None = None, privacy_unit: str = "example",
+                     user_ids: Any = None, max_examples_per_user: int | None = None
+                     ) -> tuple[Any, DPOptimizer, Any]:
         """The private (module, optimizer, data_loader) of `plan`; see docs/python-api.md.
 
         Without `plan`, the keyword arguments describe it (`plan_of`); `performance` (default:
         `grad_sample_mode`) says how it is computed. `noise_generator`: a seeded generator for
         the noise, an opt-in to reproducible noise (not a guarantee if its seed is known;
         `randomness()` then says "reproducible"); the engine's `reproducible_mechanism` seeds the
-        noise and the sampling from `seed`. Raises PrivacyError / ConfigError naming the argument
-        for any unusable value.
+        noise and the sampling from `seed`. User-level DP (privacy_unit="user",
+        dptrain.privacy.user_level): `user_ids` holds one user id per example of the loader's
+        dataset; users are Poisson-sampled at q = batch_size / N_users, each contributes at most
+        `max_examples_per_user` examples (None: all) and its mean gradient is clipped to
+        max_grad_norm. Raises PrivacyError / ConfigError naming the argument for any unusable
+        value.
         """
         if plan is None:
             if noise_multiplier is None:
@@ -281,23 +296,28 @@ class PrivacyEngine:
                 noise_schedule=noise_schedule, sample_rate_schedule=sample_rate_schedule,
                 target_unclipped_quantile=target_unclipped_quantile,
                 clipbound_learning_rate=clipbound_learning_rate, count_noise_std=count_noise_std,
-                noise_generator=noise_generator)
+                noise_generator=noise_generator, privacy_unit=privacy_unit, user_ids=user_ids,
+                max_examples_per_user=max_examples_per_user)
         if performance is None:
             performance = PerformanceSettings(grad_sample_mode=grad_sample_mode)
         return self._build(plan, performance, module, optimizer, data_loader, noise_generator,
                            allow_non_poisson, batch_first, loss_reduction,
-                           (noise_schedule, sample_rate_schedule))
+                           (noise_schedule, sample_rate_schedule), user_ids)
 
     def _build(self, plan: PrivacyPlan, performance: PerformanceSettings, module: nn.Module,
                optimizer: Optimizer, data_loader: DataLoader,
                noise_generator: torch.Generator | None, allow_non_poisson: bool,
                batch_first: bool, loss_reduction: str,
-               schedules: tuple[ScheduleSpec, ScheduleSpec]) -> tuple[Any, DPOptimizer, Any]:
-        """The mechanism of `plan`: wrapped module, DP optimizer, private loader."""
+               schedules: tuple[ScheduleSpec, ScheduleSpec],
+               user_ids: Any = None) -> tuple[Any, DPOptimizer, Any]:
+        """The mechanism of `plan`: wrapped module, DP optimizer, private loader (`user_ids`:
+        one user id per example, for a user-level plan)."""
         self._check_plan(plan, noise_generator)
         module, distributed = unwrap_ddp(module)  # a DDP model: its inner module
+        users = user_level_request(plan.unit.kind, user_ids, plan.unit.max_examples_per_user,
+                                   performance.grad_sample_mode, distributed)
         loader_class, optimizer_class = private_classes(distributed, plan.selection.kind)
-        num_samples = dataset_size(data_loader)
+        num_samples, _ = self._unit_rate(data_loader, plan.unit, user_ids)  # N: examples or users
         plan = plan.with_dataset(num_samples)
         sigma, sample_rate = plan.noise.multiplier, plan.selection.sample_rate
         noise_sched = as_schedule(schedules[0] if schedules[0] is not None
@@ -319,8 +339,14 @@ class PrivacyEngine:
                                    count_noise_std=clip.count_noise_std)
             clipper.gradient_noise_multiplier(sigma)  # adaptive: fails now if sigma_b is too small
             self._place_noise_generator([p for _, p in named])
-            private_loader = self._private_loader(data_loader, plan, allow_non_poisson, rate_sched,
-                                                  loader_class)
+            if users is None:
+                private_loader = self._private_loader(data_loader, plan, allow_non_poisson,
+                                                      rate_sched, loader_class)
+            else:
+                check_user_level_source(source)
+                private_loader = self._user_loader(data_loader, users, plan, rate_sched)
+                clipper = UserLevelClipper(clipper, [p for _, p in named],
+                                           private_loader.batch_user_groups)
             dp_optimizer = optimizer_class(
                 optimizer, sigma, None, expected_batch_size, clipper, module=source,
                 sample_rate=sample_rate,
@@ -340,6 +366,7 @@ class PrivacyEngine:
             self.accountant = get_accountant(self.accountant.name, "shuffle")
         self.optimizer, self.data_loader, self.dataset_size = dp_optimizer, private_loader, num_samples
         self.plan, self.performance = plan, performance
+        self.privacy_unit = plan.unit.kind
         return source, dp_optimizer, private_loader
 
     def _check_plan(self, plan: PrivacyPlan, noise_generator: torch.Generator | None) -> None:
@@ -385,11 +412,12 @@ class PrivacyEngine:
         check_epsilon(target_epsilon, "target_epsilon", target=True)
         if not (isinstance(epochs, (int, float)) and epochs > 0):
             raise ConfigError(f"epochs={epochs!r} must be > 0 (the training length the budget covers).")
-        num_samples, _ = self._loader_rate(data_loader)
-        warn_if_delta_too_large(target_delta, num_samples, "target_delta")
         plan_args = {k: kwargs.pop(k) for k in _PLAN_ARGUMENTS if k in kwargs}
         plan = self.plan_of(data_loader, target_epsilon=target_epsilon, target_delta=target_delta,
-                            noise_generator=kwargs.get("noise_generator"), **plan_args)
+                            noise_generator=kwargs.get("noise_generator"),
+                            user_ids=kwargs.get("user_ids"), **plan_args)
+        num_samples, _ = self._unit_rate(data_loader, plan.unit, kwargs.get("user_ids"))
+        warn_if_delta_too_large(target_delta, num_samples, "target_delta")
         return self.make_private(data_loader=data_loader,
                                  plan=calibrated(plan, epochs, epsilon_tolerance), **kwargs)
 
@@ -502,6 +530,24 @@ class PrivacyEngine:
                                f"N = {num_samples}); it must be in (0, 1]: use a batch_size between "
                                f"1 and {num_samples}.")
         return num_samples, check_sample_rate(rate, "data_loader sample rate")
+
+    def _unit_rate(self, data_loader: DataLoader, unit: Unit,
+                   user_ids: Any) -> tuple[int, float]:
+        """(N, q) of the privacy unit: examples (`_loader_rate`), or users, q = batch_size /
+        N_users (`user_ids`: one user id per example)."""
+        if unit.kind != "user" or user_ids is None:
+            return self._loader_rate(data_loader)
+        num_users = len(user_groups(user_ids, dataset_size(data_loader)))
+        return num_users, user_sample_rate(data_loader, num_users)
+
+    def _user_loader(self, data_loader: DataLoader, users: UserLevelRequest, plan: PrivacyPlan,
+                     rate_schedule: Schedule | None) -> UserDPDataLoader:
+        """The user-level Poisson loader (the plan refuses user level without Poisson sampling)."""
+        self.poisson_sampling = True
+        return UserDPDataLoader.from_user_ids(
+            data_loader, users.user_ids, max_examples_per_user=users.max_examples_per_user,
+            generator=self.sampling_generator, secure=self.secure_mode,
+            sample_rate_schedule=rate_schedule)
 
     def _private_loader(self, data_loader: DataLoader, plan: PrivacyPlan,
                         allow_non_poisson: bool, rate_schedule: Schedule | None,

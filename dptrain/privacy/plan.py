@@ -33,12 +33,13 @@ from dptrain.checks import (
     default_delta,
     one_of,
 )
+from dptrain.data.user_sampling import check_max_examples_per_user
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import CLIPPING_MODES
+from dptrain.privacy.user_level import PRIVACY_UNITS as UNITS
 
-# Who epsilon protects. "example": datasets differing in one training example. User-level
-# privacy adds "user" here (with its `Unit` fields: the user id column, the examples per user).
-UNITS = ("example",)
+# Who epsilon protects (UNITS): "example" (datasets differing in one training example) or
+# "user" (in all the examples of one user: dptrain.privacy.user_level).
 # How batches are selected: "poisson" (each example joins each batch with probability q,
 # amplified accounting) or "shuffle" (fixed-size batches of a fresh shuffle each epoch,
 # accounted without amplification: dptrain.accounting.shuffle). "given": the Python caller's own
@@ -53,12 +54,19 @@ PLAN_VERSION = 1
 
 @dataclass(frozen=True)
 class Unit:
-    """The privacy unit: what two neighbouring datasets differ in."""
+    """The privacy unit: what two neighbouring datasets differ in; for "user", the most
+    examples one sampled user contributes to a batch (None: all of them). The user of each
+    example is data, given to make_private (`user_ids`), not part of the plan."""
 
     kind: str = "example"
+    max_examples_per_user: int | None = None
 
     def __post_init__(self) -> None:
         one_of(*UNITS).check(self.kind, "privacy.unit")
+        check_max_examples_per_user(self.max_examples_per_user, "privacy.max_examples_per_user")
+        if self.kind == "example" and self.max_examples_per_user is not None:
+            raise ConfigError("privacy.max_examples_per_user is only used with privacy.unit=user: "
+                              "set privacy.unit=user, or drop it.")
 
 
 @dataclass(frozen=True)
@@ -176,6 +184,10 @@ class PrivacyPlan:
         one_of(*RANDOMNESS).check(self.randomness, "randomness")
         if self.delta is not None:
             object.__setattr__(self, "delta", check_delta(self.delta, "target_delta"))
+        if self.unit.kind == "user" and self.selection.kind != "poisson":
+            raise ConfigError("privacy.unit=user samples users with Poisson sampling: "
+                              f"privacy.sampling={self.selection.kind} (or poisson_sampling=false) "
+                              "is not supported with it. Use privacy.sampling=poisson.")
         if self.selection.kind == "shuffle" and self.clipping.kind == "adaptive":
             raise ConfigError("clipping=adaptive needs sampling=poisson: its clipped count is "
                               "accounted as a Poisson-sampled query. Use clipping=flat or "

@@ -240,7 +240,7 @@ def privacy_rows(ledger: PrivacyLedger) -> list[tuple[str, str]]:
     name, target = data["accountant"], data["target"]["epsilon"]
     rows = [(f"epsilon ({name})", f"{_fmt(ledger.epsilon)} at delta={data['delta']:g} "
                                   f"({_guarantee(name)})"),
-            ("privacy unit", PRIVACY_UNIT)]
+            ("privacy unit", data["mechanism"].get("privacy_unit", PRIVACY_UNIT))]
     for other, claim in sorted(data["epsilon_by_accountant"].items()):
         if other == name:
             continue

@@ -42,6 +42,7 @@ from dptrain.checks import default_delta  # noqa: F401  (re-exported: where it w
 from dptrain.distributed.consistency import flatten
 from dptrain.errors import ConfigError, DPTrainError
 from dptrain.io import atomic_write_json, json_safe
+from dptrain.privacy.user_level import privacy_unit_of, user_level_mechanism
 from dptrain.train.job import TrainingJob
 from dptrain.train.ledger_check import edited_ledger_error, first_mismatch, record_mismatches
 from dptrain.train.settings import TrainSettings
@@ -88,8 +89,10 @@ RESUME_EXEMPT_KEYS = ("train.resume", "train.progress", "train.max_steps", "trai
 # `carry_randomness` keeps the ledger's flag).
 RENAMED_KEYS = {"privacy.reproducible_noise": "privacy.reproducible_mechanism"}
 # Config keys added since a ledger or checkpoint was written: {key: the value that means what
-# the older config did}. privacy.sampling null defers to privacy.poisson_sampling, as before.
-ADDED_KEYS: dict[str, Any] = {"privacy.sampling": None}
+# the older config did}. privacy.sampling null defers to privacy.poisson_sampling, as before;
+# the privacy unit was one example, and no dataset named users.
+ADDED_KEYS: dict[str, Any] = {"privacy.sampling": None, "privacy.unit": "example",
+                              "privacy.max_examples_per_user": None, "dataset.user_column": None}
 
 
 _NUMBER_OR_INF = {"type": ["number", "string", "null"], "pattern": "^(-?inf|nan)$"}
@@ -683,12 +686,14 @@ def mechanism(job: TrainingJob) -> dict[str, Any]:
         "noise": "gaussian",
         "noise_multiplier": plan.noise.multiplier,
         "sample_rate": plan.selection.sample_rate,
-        "expected_batch_size": plan.expected_batch_size(job.dataset_size),
+        "expected_batch_size": plan.expected_batch_size(job.engine.dataset_size),  # q N: N units
         "secure_mode": plan.secure,
         "randomness": job.engine.randomness(),
         "grad_sample_mode": job.privacy.performance.grad_sample_mode,
         "noise_schedule": dict(plan.noise.schedule or {}),
     }
+    if privacy_unit_of(job.engine) == "user":
+        described.update(user_level_mechanism(job.engine))
     if described["randomness"] == "reproducible":
         described["randomness_note"] = REPRODUCIBLE_MECHANISM_NOTE
     strategies = layer_strategies(job.model)

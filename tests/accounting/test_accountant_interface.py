@@ -143,14 +143,11 @@ def test_epsilon_grows_with_steps_and_sample_rate_and_falls_with_sigma(name):
     assert eps(1.5, 0.01, 500) < base
 
 
-def test_stepping_a_schedule_of_distinct_sigmas_is_linear_time():
-    import time
-
+def test_stepping_a_schedule_of_distinct_sigmas_keeps_one_run_per_step():
+    # how long stepping takes is measured by scripts/benchmark_accounting.py, not by a timed test
     acc = get_accountant("rdp")
-    start = time.perf_counter()
     for i in range(50_000):
         acc.step(noise_multiplier=1.0 + 1e-6 * i, sample_rate=0.01)
-    assert time.perf_counter() - start < 2.0
     assert len(acc) == 50_000 and len(acc.history) == 50_000
 
 

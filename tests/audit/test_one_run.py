@@ -33,8 +33,11 @@ def _audit(run, **kwargs):
 
 @pytest.mark.parametrize("seed", range(5))
 def test_a_correct_run_is_consistent_whatever_the_seed(seed):
+    # Both bounds: the (epsilon, delta) one and the f-DP (Gaussian) one stay below the claim.
     result = _audit(private_linear_run(noise_multiplier=1.5, steps=100, seed=seed), seed=seed)
     assert 0 < result.lower_bound <= result.claimed_epsilon
+    assert result.lower_bound <= result.fdp_lower_bound <= result.claimed_epsilon
+    assert not result.fdp_exceeds_claim
     assert result.verdict.startswith("consistent")
 
 
@@ -42,12 +45,13 @@ def test_white_box_all_iterates_comes_within_a_factor_four_of_the_claimed_epsilo
     result = _audit(private_linear_run(noise_multiplier=1.5, steps=100))
     assert result.claimed_epsilon == pytest.approx(3.55, abs=0.05)
     assert result.lower_bound / result.claimed_epsilon >= 0.25
+    assert result.fdp_lower_bound / result.claimed_epsilon >= 0.3
 
 
 def test_planted_bug_a_clipper_that_does_not_clip_is_a_violation():
     result = _audit(plant_no_clipping(private_linear_run(noise_multiplier=3.0, steps=50)))
     assert result.lower_bound > result.claimed_epsilon
-    assert result.violation
+    assert result.violation and result.fdp_exceeds_claim
     assert result.verdict.startswith("VIOLATION: the run leaked more than it claims")
 
 
@@ -93,6 +97,7 @@ def test_one_run_writes_audit_json_and_the_score_figure(tmp_path):
     assert record["claimed_epsilon"] == pytest.approx(result.claimed_epsilon)
     assert record["canaries"] == CANARIES and len(record["canary_scores"]) == CANARIES
     assert record["verdict"] == result.verdict and record["correction"] == "bonferroni"
+    assert record["fdp_lower_bound"] == pytest.approx(result.fdp_lower_bound)
     assert (tmp_path / "audit_scores.png").read_bytes().startswith(b"\x89PNG")
 
 

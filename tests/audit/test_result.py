@@ -6,8 +6,10 @@ import sys
 import numpy as np
 import pytest
 
+from dptrain.accounting.gdp import gdp_epsilon
 from dptrain.audit.bound import epsilon_lower_bound
-from dptrain.audit.result import GuessingRules, audit_scores, count_correct, write_audit
+from dptrain.audit.fdp import gdp_mu_lower_bound
+from dptrain.audit.result import AuditResult, GuessingRules, audit_scores, count_correct, write_audit
 from dptrain.errors import ConfigError
 
 
@@ -46,13 +48,23 @@ def test_ties_are_broken_by_canary_index_not_by_inclusion():
     assert count_correct(scores, np.array([True, False, False, False]), 1, 0) == 1
 
 
-def test_the_result_reports_the_best_rule_at_the_bonferroni_confidence():
+def _canaries() -> tuple[np.ndarray, np.ndarray]:
+    """Scores and inclusion of 400 canaries, about half included (their scores shifted by 3)."""
     rng = np.random.default_rng(0)
     included = rng.random(400) < 0.5
-    scores = included * 3.0 + rng.standard_normal(400)
+    return included * 3.0 + rng.standard_normal(400), included
+
+
+def _two_rule_audit(scores: np.ndarray, included: np.ndarray) -> AuditResult:
+    """The audit of `scores` under two guessing rules (the top 10 % and 50 %)."""
     rules = GuessingRules(fractions=(0.1, 0.5), sides=("top",))
-    result = audit_scores(scores, included, kind="white_box", score="all_iterates",
-                          claimed_epsilon=10.0, delta=1e-5, rules=rules)
+    return audit_scores(scores, included, kind="white_box", score="all_iterates",
+                        claimed_epsilon=10.0, delta=1e-5, rules=rules)
+
+
+def test_the_result_reports_the_best_rule_at_the_bonferroni_confidence():
+    scores, included = _canaries()
+    result = _two_rule_audit(scores, included)
     assert len(result.rules) == 2 and result.correction == "bonferroni"
     assert result.lower_bound == pytest.approx(epsilon_lower_bound(
         400, result.guesses, result.correct, 1e-5, 1 - 0.05 / 2))
@@ -91,3 +103,47 @@ def test_audit_json_is_written_without_matplotlib(tmp_path, monkeypatch):
     record = json.loads((tmp_path / "audit.json").read_text())
     assert record["figure"] is None and record["violation"] == result.violation
     assert not (tmp_path / "audit_scores.png").exists()
+
+
+def test_the_result_reports_the_best_fdp_bound_of_the_rules_at_the_bonferroni_confidence():
+    scores, included = _canaries()
+    result = _two_rule_audit(scores, included)
+    expected = [gdp_mu_lower_bound(400, rule.guesses, rule.correct, 1 - 0.05 / 2)
+                for rule in result.rules]
+    assert [rule.fdp_mu_lower_bound for rule in result.rules] == pytest.approx(expected)
+    assert result.fdp_mu_lower_bound == max(expected) > 0
+    assert result.fdp_lower_bound == gdp_epsilon(result.fdp_mu_lower_bound, 1e-5)
+    assert result.fdp_correct == count_correct(scores, included, result.fdp_guesses, 0)
+
+
+def test_audit_json_holds_both_the_epsilon_delta_bound_and_the_fdp_bound(tmp_path):
+    rng = np.random.default_rng(1)
+    included = rng.random(400) < 0.5
+    scores = included * 3.0 + rng.standard_normal(400)
+    result = audit_scores(scores, included, kind="white_box", score="all_iterates",
+                          claimed_epsilon=10.0, delta=1e-5, out_dir=tmp_path)
+    record = json.loads((tmp_path / "audit.json").read_text())
+    assert record["lower_bound"] == pytest.approx(result.lower_bound) and result.lower_bound > 0
+    assert record["fdp_lower_bound"] == pytest.approx(result.fdp_lower_bound)
+    assert record["fdp_mu_lower_bound"] == pytest.approx(result.fdp_mu_lower_bound)
+    assert result.fdp_mu_lower_bound > 0
+    assert record["fdp_exceeds_claim"] is False
+    assert all("fdp_lower_bound" in rule and "lower_bound" in rule for rule in record["rules"])
+
+
+def test_the_verdict_and_the_summary_state_both_bounds():
+    included = np.arange(200) < 100
+    result = audit_scores(included.astype(float), included, kind="white_box",
+                          score="all_iterates", claimed_epsilon=float("inf"), delta=1e-5)
+    for text in (result.verdict, result.summary()):
+        assert f"{result.lower_bound:.3g}" in text
+        assert "f-DP (Gaussian" in text and f"{result.fdp_lower_bound:.3g}" in text
+
+
+def test_an_fdp_bound_above_the_claim_is_flagged_beside_the_verdict():
+    # 200 of 200 canaries separated: both bounds exceed a claim of 1.
+    included = np.arange(200) < 100
+    result = audit_scores(included.astype(float), included, kind="white_box",
+                          score="all_iterates", claimed_epsilon=1.0, delta=1e-5)
+    assert result.fdp_exceeds_claim and result.violation
+    assert result.to_dict()["fdp_exceeds_claim"] is True

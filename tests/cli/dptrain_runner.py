@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +58,12 @@ def run_in_process(
         code = stop.code if isinstance(stop.code, int) else 1
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def wait_for(path: Path, process: subprocess.Popen, timeout: float = 120) -> None:
+    """Wait until `path` exists while `process` runs (its output in the failure when it ended)."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)

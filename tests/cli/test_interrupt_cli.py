@@ -8,10 +8,9 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from dptrain_runner import ENTRY, QUIET, read_json, run_dptrain
+from dptrain_runner import ENTRY, QUIET, read_json, run_dptrain, wait_for
 
 from dptrain.train.ledger import load_ledger
 
@@ -28,18 +27,10 @@ def _start(args: list[str], cwd: Path) -> subprocess.Popen:
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
-def _wait_for(path: Path, process: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
-
-
 def test_ctrl_c_ends_the_run_with_one_line_an_interrupted_ledger_and_a_command_that_resumes(
         tmp_path: Path) -> None:
     process = _start(LONG_RUN, tmp_path)
-    _wait_for(tmp_path / "run" / "checkpoints" / "last.pt", process)   # training is under way
+    wait_for(tmp_path / "run" / "checkpoints" / "last.pt", process)   # training is under way
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=120)
     assert process.returncode == 130, err

@@ -9,10 +9,9 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from dptrain_runner import ENTRY, QUIET, read_json
+from dptrain_runner import ENTRY, QUIET, read_json, wait_for
 
 from dptrain.train.checkpoint import load_checkpoint
 from dptrain.train.ledger import load_ledger
@@ -27,19 +26,11 @@ def _start(args: list[str], cwd: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for(path: Path, process: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.05)
-
-
 def _preempt(args: list[str], cwd: Path, signals: list[int],
-             wait_for: Path) -> tuple[subprocess.Popen, str, str]:
-    """Start `dptrain ARGS`, wait until `wait_for` exists, send `signals`, wait for the end."""
+             ready: Path) -> tuple[subprocess.Popen, str, str]:
+    """Start `dptrain ARGS`, wait until `ready` exists, send `signals`, wait for the end."""
     process = _start(args, cwd)
-    _wait_for(wait_for, process)
+    wait_for(ready, process)
     for signum in signals:
         process.send_signal(signum)
     out, err = process.communicate(timeout=120)

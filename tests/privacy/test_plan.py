@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import dptrain
 from dptrain.errors import ConfigError, PrivacyError
-from dptrain.privacy.plan import Clipping, Noise, PrivacyPlan, Selection
+from dptrain.privacy.plan import Clipping, Noise, PrivacyPlan, Selection, Unit
 
 
 def _plan(**overrides):
@@ -20,8 +20,9 @@ def _plan(**overrides):
     return PrivacyPlan(**values)
 
 
-def test_a_plan_round_trips_through_its_dict():
-    plan = _plan()
+@pytest.mark.parametrize("unit", [Unit(), Unit("user", max_examples_per_user=3)])
+def test_a_plan_round_trips_through_its_dict(unit):
+    plan = _plan(unit=unit, selection=Selection(sample_rate=0.1))
     assert PrivacyPlan.from_dict(plan.to_dict()) == plan
 
 
@@ -38,6 +39,8 @@ def test_a_plan_is_frozen():
     (lambda: _plan(accountant="magic"), PrivacyError, "accountant"),
     (lambda: _plan(delta=2.0), PrivacyError, "target_delta"),
     (lambda: _plan(clipping=Clipping(kind="adaptive")), ConfigError, "sampling=poisson"),
+    (lambda: _plan(unit=Unit("user")), ConfigError, "privacy.sampling=poisson"),
+    (lambda: Unit("example", max_examples_per_user=2), ConfigError, "privacy.unit=user"),
 ])
 def test_an_unusable_plan_is_refused_naming_its_part(build, error, key):
     with pytest.raises(error, match=key):

@@ -45,7 +45,11 @@ class ArrayDataset(Dataset):
 
     `dataset[i]` is `(transform(features[i:i+1])[0], labels[i])`; `__getitems__` (used by the
     DataLoader for a whole batch of indices) transforms the batch in one vectorized call.
+    `user_ids`, when set, is int64 [N]: the user of each example (user-level privacy), carried
+    along by `subset`.
     """
+
+    user_ids: torch.Tensor | None = None
 
     def __init__(
         self,
@@ -75,7 +79,10 @@ class ArrayDataset(Dataset):
 
     def subset(self, indices: torch.Tensor) -> "ArrayDataset":
         """The examples at `indices` (int64 [n]) as a new dataset sharing the transform."""
-        return ArrayDataset(self.features[indices], self.labels[indices], self.transform)
+        part = ArrayDataset(self.features[indices], self.labels[indices], self.transform)
+        if self.user_ids is not None:
+            part.user_ids = self.user_ids[indices]
+        return part
 
     @property
     def sample_shape(self) -> tuple[int, ...]:

@@ -232,6 +232,7 @@ def load_text(
     label_column: str | None = "label",
     prompt_column: str | None = None,
     num_labels: int = 2,
+    user_column: str | None = None,
     tokenizer: str | None = None,
     pad_token: str | None = None,
     max_len: int = 128,
@@ -245,7 +246,9 @@ def load_text(
     (`label_column=None`; `prompt_column` then names a prompt kept out of the loss).
 
     `test_file=None` gives an empty test split (no test metrics). `download` only allows the
-    tokenizer to be downloaded; `root` is unused (the files are named directly).
+    tokenizer to be downloaded; `root` is unused (the files are named directly). `user_column`
+    names the column of each row's user: the training split's `user_ids` (int64 [N], users
+    numbered in order of first appearance), for user-level privacy (privacy.unit=user).
     """
     max_len = _check_max_len(max_len)
     task = CLASSIFICATION if label_column is not None else CAUSAL_LM
@@ -260,7 +263,7 @@ def load_text(
     if train_file is None:
         raise ConfigError("dataset=text needs dataset.train_file=PATH (a .csv, .json, .jsonl or "
                           ".parquet file), or dataset.synthetic=true for random sentences.")
-    parts = {}
+    parts, users = {}, None
     for split, path, offset in (("train", train_file, 0), ("test", test_file, 1)):
         if path is None:
             parts[split] = ([], [] if task == CLASSIFICATION else None)
@@ -276,7 +279,26 @@ def load_text(
         keep = _cap(texts, max_samples, seed + offset)
         rows = [(None if prompts is None else str(prompts[i]), str(texts[i])) for i in keep]
         parts[split] = (rows, _take(labels, keep))
-    return _splits("text", tok, task, max_len, num_labels, parts, {})
+        if split == "train" and user_column is not None:
+            users = _take(column(table, user_column, "dataset.user_column", source), keep)
+            users = user_codes(users, source)
+    splits = _splits("text", tok, task, max_len, num_labels, parts, {})
+    if users is not None:
+        splits.train.user_ids = users
+    return splits
+
+
+def user_codes(users: Sequence[Any], source: str) -> torch.Tensor:
+    """int64 `[N]`: each row's user as a number, users numbered in order of first appearance
+    (the values themselves, names or numbers, are kept out of the tensors). ConfigError naming
+    dataset.user_column for a row without a user (an empty cell)."""
+    missing = [i for i, u in enumerate(users) if u is None or (isinstance(u, float) and u != u)]
+    if missing:
+        raise ConfigError(f"dataset.user_column: {source} has {len(missing)} row(s) without a user "
+                          f"(the first is data row {missing[0] + 1}); user-level privacy needs "
+                          f"the user of every training row. Fill the column in the file.")
+    codes: dict[Any, int] = {}
+    return torch.tensor([codes.setdefault(u, len(codes)) for u in users], dtype=torch.int64)
 
 
 # ----------------------------------------------------------------------------- hub datasets

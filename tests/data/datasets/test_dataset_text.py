@@ -150,3 +150,37 @@ def test_e2e_download_uses_the_meaning_representation_as_prompt(
 def test_synthetic_sst2_needs_no_file(tokenizers: dict[str, str]) -> None:
     splits = load_dataset("glue_sst2", tokenizer=tokenizers["bert"], synthetic=True, max_samples=16)
     assert (len(splits.train), len(splits.test)) == (16, 16) and splits.info["synthetic"]
+
+
+def _reviews_by(tmp_path: Path, users: list[Any]) -> Path:
+    rows = [{**row, "author": user} for row, user in zip(review_rows(len(users)), users)]
+    return write_csv(tmp_path / "authored.csv", rows)
+
+
+def test_a_user_column_gives_each_training_row_its_user_numbered_by_first_appearance(
+        tokenizers: dict[str, str], tmp_path: Path) -> None:
+    path = _reviews_by(tmp_path, ["ann", "bob", "ann", "cy", "bob", "ann"])
+    splits = load_dataset("text", tokenizer=tokenizers["bert"], text_column="review",
+                          train_file=str(path), user_column="author")
+    assert splits.train.user_ids.tolist() == [0, 1, 0, 2, 1, 0]
+
+
+def test_user_ids_follow_the_rows_kept_after_a_validation_split(tokenizers: dict[str, str],
+                                                               tmp_path: Path) -> None:
+    users = [f"u{i % 10 % 4}" for i in range(12)]  # rows i, i + 10 hold the same text
+    path = _reviews_by(tmp_path, users)
+    whole = load_dataset("text", tokenizer=tokenizers["bert"], text_column="review",
+                         train_file=str(path), user_column="author")
+    split = load_dataset("text", tokenizer=tokenizers["bert"], text_column="review",
+                         train_file=str(path), user_column="author", validation_size=4)
+    kept = [next(i for i in range(12) if torch.equal(whole.train.features[i], row))
+            for row in split.train.features]
+    assert split.train.user_ids.tolist() == whole.train.user_ids[kept].tolist()
+
+
+def test_a_row_without_a_user_is_refused_naming_the_user_column(tokenizers: dict[str, str],
+                                                               tmp_path: Path) -> None:
+    path = _reviews_by(tmp_path, ["ann", "", "bob"])
+    with pytest.raises(ConfigError, match="dataset.user_column.*1 row"):
+        load_dataset("text", tokenizer=tokenizers["bert"], text_column="review",
+                     train_file=str(path), user_column="author")

@@ -1,0 +1,153 @@
+"""User-level Poisson sampling (ULS): users, not examples, join each batch with probability q.
+
+Each batch draws one coin per user: user u joins with probability q = batch_size / N_users. A
+sampled user then contributes its examples, at most `max_examples_per_user` of them (chosen
+uniformly at random, from the same coin source, when it has more). The batch lists the examples
+user by user (contiguous), and the sampler records, per batch, the user position of each example:
+a `Tensor[B]` of int64 in `[0, U)` (U the batch's users, non-decreasing), handed to the DP
+optimizer's user-level clipper (`dptrain.privacy.user_level`) with the batch, as the batch's q is
+(`PoissonBatchSampler.pending_rates`).
+
+This is user-level sampling as in Charles et al. 2024 and Chua et al. 2024 (ULS), as opposed to
+example-level sampling with a per-user contribution bound (ELS).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from dptrain.checks import check_sample_rate
+from dptrain.data.sampling import DPDataLoader, PoissonBatchSampler, _loader_kwargs, dataset_size
+from dptrain.errors import ConfigError
+from dptrain.randomness import uniform
+
+
+def user_groups(user_ids: Tensor | Sequence[Any], num_examples: int,
+                argument: str = "user_ids") -> list[Tensor]:
+    """The example indices of each user, users in order of first appearance: a list of int64
+    `Tensor[n_u]` (n_u >= 1) whose union is range(num_examples).
+
+    `user_ids` holds one id per training example (any hashable values: ints, strings).
+    Raises ConfigError naming `argument` when its length is not `num_examples`.
+    """
+    ids = user_ids.tolist() if isinstance(user_ids, Tensor) else list(user_ids)
+    if len(ids) != num_examples:
+        raise ConfigError(f"{argument} has {len(ids)} ids but the training data has {num_examples} "
+                          f"examples: give exactly one user id per training example, in the "
+                          f"dataset's order.")
+    members: dict[Any, list[int]] = {}
+    for index, uid in enumerate(ids):
+        members.setdefault(uid, []).append(index)
+    return [torch.tensor(rows, dtype=torch.int64) for rows in members.values()]
+
+
+def check_max_examples_per_user(value: Any, key: str = "max_examples_per_user") -> int | None:
+    """`value` as a positive int, or None (no cap); ConfigError naming `key` otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{key}={value!r} must be an integer >= 1 (the most examples one sampled "
+                          f"user contributes to a batch) or null (all of its examples).")
+    return value
+
+
+class UserPoissonBatchSampler(PoissonBatchSampler):
+    """Batches of the examples of a Poisson-sampled subset of users.
+
+    Args:
+        groups: the example indices of each user (`user_groups`); N_users = len(groups).
+        sample_rate: q in (0, 1], each user's inclusion probability per batch.
+        max_examples_per_user: k, the most examples a sampled user contributes (None: all).
+        steps, generator, secure, sample_rate_schedule: as `PoissonBatchSampler` (over users).
+    """
+
+    def __init__(self, groups: list[Tensor], sample_rate: float,
+                 max_examples_per_user: int | None = None, steps: int | None = None,
+                 generator: torch.Generator | None = None, secure: bool = False,
+                 sample_rate_schedule: Callable[[int], float] | None = None) -> None:
+        super().__init__(len(groups), sample_rate, steps=steps, generator=generator,
+                         secure=secure, sample_rate_schedule=sample_rate_schedule)
+        self.groups = groups
+        self.max_examples_per_user = check_max_examples_per_user(max_examples_per_user)
+        #: user positions (Tensor[B]) of each batch drawn and not yet handed out, oldest first.
+        self.pending_groups: deque[Tensor] = deque()
+        #: user positions of the batch most recently handed to the training loop.
+        self.handed_out_groups: Tensor | None = None
+
+    def _examples_of(self, user: int) -> Tensor:
+        """The examples user `user` contributes: all, or k of them drawn at random (sorted)."""
+        rows = self.groups[user]
+        cap = self.max_examples_per_user
+        if cap is None or len(rows) <= cap:
+            return rows
+        keep = uniform(len(rows), self.generator, self.secure).argsort()[:cap]
+        return rows[keep.sort().values]
+
+    def draw(self) -> list[int]:
+        """One user-level Poisson batch: the (capped) examples of each user whose coin is < q,
+        user by user; its user positions go to `pending_groups`."""
+        users = super().draw()
+        parts = [self._examples_of(u) for u in users]
+        counts = torch.tensor([len(p) for p in parts], dtype=torch.int64)
+        self.pending_groups.append(torch.repeat_interleave(torch.arange(len(parts)), counts))
+        return torch.cat(parts).tolist() if parts else []
+
+    def hand_out(self) -> None:
+        self.handed_out_groups = self.pending_groups.popleft() if self.pending_groups else None
+        super().hand_out()
+
+
+class UserDPDataLoader(DPDataLoader):
+    """A DataLoader of user-level Poisson batches (`UserPoissonBatchSampler`);
+    `batch_user_groups()` is the user position of each row of the batch handed out last."""
+
+    def __init__(self, dataset: Dataset, groups: list[Tensor], sample_rate: float, *,
+                 max_examples_per_user: int | None = None, steps: int | None = None,
+                 generator: torch.Generator | None = None, secure: bool = False,
+                 sample_rate_schedule: Callable[[int], float] | None = None,
+                 collate_fn: Callable[[list[Any]], Any] | None = None,
+                 **loader_kwargs: Any) -> None:
+        sampler = UserPoissonBatchSampler(groups, sample_rate, max_examples_per_user, steps=steps,
+                                          generator=generator, secure=secure,
+                                          sample_rate_schedule=sample_rate_schedule)
+        self._init_loader(dataset, sampler, collate_fn, loader_kwargs)
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        self.poisson_sampler.pending_groups.clear()  # type: ignore[attr-defined]
+        return super().__iter__()
+
+    def batch_user_groups(self) -> Tensor | None:
+        """Tensor[B] int64: the user position (0 .. U-1, contiguous) of each row of the batch
+        most recently handed to the loop (None before the first)."""
+        return self.poisson_sampler.handed_out_groups  # type: ignore[attr-defined]
+
+    @classmethod
+    def from_user_ids(cls, data_loader: DataLoader, user_ids: Tensor | Sequence[Any], *,
+                      max_examples_per_user: int | None = None,
+                      generator: torch.Generator | None = None, secure: bool = False,
+                      sample_rate_schedule: Callable[[int], float] | None = None
+                      ) -> UserDPDataLoader:
+        """A user-level loader over `data_loader`'s dataset (its workers and collate kept), with
+        q = data_loader.batch_size / N_users: `batch_size` counts users."""
+        groups = user_groups(user_ids, dataset_size(data_loader))
+        rate = user_sample_rate(data_loader, len(groups))
+        return cls(data_loader.dataset, groups, rate, max_examples_per_user=max_examples_per_user,
+                   generator=generator, secure=secure, sample_rate_schedule=sample_rate_schedule,
+                   collate_fn=data_loader.collate_fn, **_loader_kwargs(data_loader))
+
+
+def user_sample_rate(data_loader: DataLoader, num_users: int) -> float:
+    """q = batch_size / N_users (batch_size: the expected users per batch); ConfigError unless
+    the loader has a batch_size between 1 and N_users."""
+    batch = getattr(data_loader, "batch_size", None)
+    if batch is None or not 1 <= batch <= num_users:
+        raise ConfigError(f"with privacy_unit='user' the data loader's batch_size ({batch}) is the "
+                          f"expected number of users per batch and must be between 1 and the "
+                          f"{num_users} users (train.batch_size): lower it.")
+    return check_sample_rate(batch / num_users, "batch_size / N_users")

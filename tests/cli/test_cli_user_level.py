@@ -1,0 +1,72 @@
+"""`dptrain privacy.unit=user dataset.user_column=COLUMN`: user-level DP through the real command,
+offline (a tiny BERT saved by tests/hf_tiny.py, trained on a CSV written here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from dptrain_runner import QUIET, read_json, run_in_process
+
+from tests.hf_tiny import review_rows, save_tiny, write_csv
+
+ROWS, USERS, BATCH = 36, 9, 3
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("user_cli")
+    save_tiny(root / "bert", "bert")
+    rows = [{**row, "author": f"user{i % USERS}"} for i, row in enumerate(review_rows(ROWS))]
+    write_csv(root / "train.csv", rows)
+    return root
+
+
+def _args(run_dir: Path, *extra: str) -> list[str]:
+    return [*QUIET, "model=hf", "model.name_or_path=./bert", "dataset=text",
+            "dataset.train_file=train.csv", "dataset.text_column=review", "dataset.max_len=16",
+            "privacy=sigma", "privacy.noise_multiplier=1.0", "train.epochs=1",
+            f"train.batch_size={BATCH}", "train.max_physical_batch_size=3",
+            f"hydra.run.dir={run_dir}", *extra]
+
+
+def test_a_user_level_run_on_a_csv_with_a_user_column_trains_and_its_ledger_says_unit_user(
+        files: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    run_dir = files / "runs" / "user"
+    code, out, err = run_in_process(
+        _args(run_dir, "privacy.unit=user", "dataset.user_column=author",
+              "privacy.max_examples_per_user=2"), files, monkeypatch, capsys)
+    assert code == 0, err
+    ledger = read_json(run_dir / "privacy_ledger.json")
+    mechanism = ledger["mechanism"]
+    assert ledger["status"] == "completed"
+    assert mechanism["privacy_unit"].startswith("one user: all their training examples")
+    assert mechanism["num_users"] == USERS and mechanism["max_examples_per_user"] == 2
+    assert mechanism["sample_rate"] == pytest.approx(BATCH / USERS)
+    assert ledger["history"][0]["sample_rate"] == pytest.approx(BATCH / USERS)
+    assert "one user: all their training examples" in " ".join(out.split())
+
+
+def test_a_user_level_runs_default_delta_counts_users_not_examples(
+        files: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    run_dir = files / "runs" / "user_delta"
+    code, _, err = run_in_process(
+        _args(run_dir, "privacy.unit=user", "dataset.user_column=author", "train.max_steps=1"),
+        files, monkeypatch, capsys)
+    assert code == 0, err
+    assert read_json(run_dir / "privacy_ledger.json")["delta"] == 0.01  # 1/(10 N), N = 9 users
+
+
+def test_privacy_unit_user_without_a_user_column_is_a_config_error_naming_it(
+        files: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_in_process(_args(files / "runs" / "no_column", "privacy.unit=user"),
+                                  files, monkeypatch, capsys)
+    assert code != 0
+    assert "dataset.user_column" in err and "Traceback" not in err
+
+
+def test_an_unknown_privacy_unit_is_refused_naming_the_key_and_its_values(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    code, _, err = run_in_process([*QUIET, "privacy.unit=person"], tmp_path, monkeypatch, capsys)
+    assert code != 0 and "Traceback" not in err
+    assert "privacy.unit" in err and "example" in err and "user" in err
