@@ -20,6 +20,9 @@ from torch.nn import functional as F
 
 from dptrain.errors import ConfigError
 
+# The label of positions without loss (padding, prompt tokens): Hugging Face's convention.
+IGNORE_INDEX = -100
+
 REDUCTIONS = ("mean", "sum")
 
 
@@ -32,7 +35,7 @@ def per_sample_token_losses(
     logits: Tensor,
     labels: Tensor,
     *,
-    ignore_index: int = -100,
+    ignore_index: int = IGNORE_INDEX,
     shift: bool = True,
     token_reduction: str = "mean",
 ) -> Tensor:
@@ -69,7 +72,7 @@ def token_loss(
     logits: Tensor,
     labels: Tensor,
     *,
-    ignore_index: int = -100,
+    ignore_index: int = IGNORE_INDEX,
     shift: bool = True,
     token_reduction: str = "mean",
     reduction: str = "mean",
@@ -90,7 +93,7 @@ class TokenLoss(nn.Module):
     """:func:`token_loss` as a loss module; ``reduction`` is readable like torch's losses'."""
 
     def __init__(
-        self, ignore_index: int = -100, shift: bool = True, token_reduction: str = "mean", reduction: str = "mean"
+        self, ignore_index: int = IGNORE_INDEX, shift: bool = True, token_reduction: str = "mean", reduction: str = "mean"
     ) -> None:
         super().__init__()
         _check_reduction("token_reduction", token_reduction)

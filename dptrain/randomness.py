@@ -50,8 +50,10 @@ from __future__ import annotations
 
 import math
 import os
+import random
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -159,3 +161,11 @@ def uniform(numel: int, generator: torch.Generator | None, secure: bool) -> Tens
     if secure:
         return _secure_uniform(numel)
     return torch.rand(numel, generator=generator, dtype=torch.float64)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed torch (CPU and CUDA), numpy and python's `random` (model initialisation, data
+    order; never the mechanism's generators, seeded above)."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)

@@ -247,6 +247,12 @@ def _rule_for(module: nn.Module) -> _Rule | None:
     return next((rule for rule in _RULES if rule.applies(module)), None)
 
 
+# What every caller of ModuleValidator.raise_if_invalid can suggest; the paths listed per kind.
+FIX_REMEDY = ("Call `model = dptrain.ModuleValidator.fix(model)` before making it private (it "
+              "replaces such submodules by private equivalents and carries the weights over).")
+MAX_LISTED = 4
+
+
 class ModuleValidator:
     """Check a model for DP-SGD and convert the modules that block it."""
 
@@ -266,15 +272,23 @@ class ModuleValidator:
         return not ModuleValidator.validate(model)
 
     @staticmethod
-    def raise_if_invalid(model: nn.Module) -> None:
-        """Raise UnsupportedModuleError listing every problem (one line each), if any."""
+    def raise_if_invalid(model: nn.Module, subject: str = "The model",
+                         remedy: str = FIX_REMEDY) -> None:
+        """Raise UnsupportedModuleError, if `model` has problems: "`subject` cannot be trained
+        with DP-SGD as it is", every problem grouped by kind with the submodules' paths, and
+        `remedy` (what the caller can do: the fix, other choices)."""
         problems = ModuleValidator.validate(model)
-        if problems:
-            lines = " ".join(str(problem) for problem in problems)
-            raise UnsupportedModuleError(
-                f"The model cannot be trained with DP-SGD as it is. {lines} "
-                "Call `model = dptrain.ModuleValidator.fix(model)` before making it private."
-            )
+        if not problems:
+            return
+        by_kind: dict[tuple[str, str], list[str]] = {}
+        for p in problems:
+            by_kind.setdefault((p.problem, p.fix), []).append(repr(p.path or "<model>"))
+        listed = " ".join(
+            f"{', '.join(paths[:MAX_LISTED])}{', ...' if len(paths) > MAX_LISTED else ''}"
+            f"{f' ({len(paths)} modules)' if len(paths) > 1 else ''}: {problem} Fix: {fix}"
+            for (problem, fix), paths in by_kind.items())
+        raise UnsupportedModuleError(
+            f"{subject} cannot be trained with DP-SGD as it is: {listed} {remedy}")
 
     @staticmethod
     def fix(model: nn.Module, inplace: bool = False) -> nn.Module:

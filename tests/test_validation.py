@@ -97,7 +97,7 @@ def test_every_problem_is_reported_in_module_order():
 
 
 def test_raise_if_invalid_raises_unsupported_module_error_naming_path_and_fix():
-    with pytest.raises(UnsupportedModuleError, match=r"1: BatchNorm2d.*ModuleValidator.fix"):
+    with pytest.raises(UnsupportedModuleError, match=r"'1': BatchNorm2d.*ModuleValidator.fix"):
         ModuleValidator.raise_if_invalid(_conv_net(nn.BatchNorm2d(8)))
 
 

@@ -6,25 +6,13 @@ import math
 import warnings
 from typing import Callable
 
-from dptrain.accounting.registry import accountant_class
+from dptrain.accounting.history import steps_per_epoch  # noqa: F401  (re-exported: its old home)
+from dptrain.accounting.registry import get_accountant
 from dptrain.checks import check_delta, check_epsilon, check_sample_rate, check_steps
 from dptrain.errors import PrivacyError, UnreachableEpsilonError
 
 SIGMA_MIN = 1e-3   # below this, calibration reports the target as too loose to need noise
 SIGMA_MAX = 1e4    # above this, the target is declared unreachable
-
-
-def steps_per_epoch(sample_rate: float) -> int:
-    """Logical steps in one epoch at Poisson sample rate q: ceil(1 / q).
-
-    The one rule for the length of an epoch, used by the private loaders (steps per epoch), the
-    trainer (`train.epochs`), calibration to a target epsilon and `dptrain-privacy --epochs`. For
-    q = B / N it is ceil(N / B), the length of a DataLoader of batch size B over N examples
-    (the last, partial batch kept), so one epoch samples at least N examples in expectation.
-    """
-    inverse = 1.0 / check_sample_rate(sample_rate)  # q in (0, 1]: q = 0 has no epoch length
-    # 1/(B/N) may round just above an integer N/B; no true ceil(N/B) is that close to it
-    return max(1, math.ceil(inverse * (1.0 - 1e-12)))
 
 
 def steps_for(sample_rate: float, steps: int | None, epochs: float | None) -> int:
@@ -51,12 +39,10 @@ def steps_for(sample_rate: float, steps: int | None, epochs: float | None) -> in
     return n
 
 
-def _epsilon_function(accountant: str, sample_rate: float, steps: int,
-                      delta: float) -> Callable[[float], float]:
-    cls = accountant_class(accountant)
-
+def _epsilon_function(accountant: str, sample_rate: float, steps: int, delta: float,
+                      sampling: str = "poisson") -> Callable[[float], float]:
     def epsilon(sigma: float) -> float:
-        acc = cls()
+        acc = get_accountant(accountant, sampling)
         acc.step(noise_multiplier=sigma, sample_rate=sample_rate, steps=steps)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -120,8 +106,10 @@ def _refine(epsilon: Callable[[float], float], target: float, tolerance: float,
 
 def get_noise_multiplier(*, target_epsilon: float, target_delta: float, sample_rate: float,
                          steps: int | None = None, epochs: float | None = None,
-                         accountant: str = "rdp", epsilon_tolerance: float = 0.01) -> float:
-    """Smallest noise multiplier whose epsilon at target_delta is <= target_epsilon.
+                         accountant: str = "rdp", epsilon_tolerance: float = 0.01,
+                         sampling: str = "poisson") -> float:
+    """Smallest noise multiplier whose epsilon at target_delta is <= target_epsilon (batches
+    selected by `sampling`: poisson | shuffle, dptrain.accounting.get_accountant).
 
     The result's epsilon is never above the target and (unless the target is so loose that
     sigma = 1e-3 meets it) within `epsilon_tolerance` below it. Raises PrivacyError naming
@@ -139,9 +127,9 @@ def get_noise_multiplier(*, target_epsilon: float, target_delta: float, sample_r
     n = steps_for(q, steps, epochs)
     if not epsilon_tolerance > 0:
         raise PrivacyError(f"epsilon_tolerance={epsilon_tolerance!r} must be > 0, e.g. 0.01.")
-    epsilon = _epsilon_function(accountant, q, n, delta)
+    epsilon = _epsilon_function(accountant, q, n, delta, sampling)
     start = None
-    if accountant == "prv":
+    if accountant == "prv" and sampling == "poisson":
         # the PRV epsilon never exceeds the RDP one, so the RDP sigma meets the target: start there
         start = calibrate_sigma(_epsilon_function("rdp", q, n, delta), target, epsilon_tolerance)
     sigma = calibrate_sigma(epsilon, target, epsilon_tolerance,

@@ -23,6 +23,19 @@ Run = tuple[float, float, int]
 History = list[Run]
 
 
+def steps_per_epoch(sample_rate: float) -> int:
+    """Logical steps in one epoch at Poisson sample rate q: ceil(1 / q).
+
+    The one rule for the length of an epoch, used by the private loaders (steps per epoch), the
+    trainer (`train.epochs`), calibration to a target epsilon and `dptrain-privacy --epochs`. For
+    q = B / N it is ceil(N / B), the length of a DataLoader of batch size B over N examples
+    (the last, partial batch kept), so one epoch samples at least N examples in expectation.
+    """
+    inverse = 1.0 / check_sample_rate(sample_rate)  # q in (0, 1]: q = 0 has no epoch length
+    # 1/(B/N) may round just above an integer N/B; no true ceil(N/B) is that close to it
+    return max(1, math.ceil(inverse * (1.0 - 1e-12)))
+
+
 def merge_history(runs: Iterable[Sequence[float]]) -> History:
     """Normalize runs of (sigma, q, steps): drop empty runs, merge adjacent identical ones."""
     merged: History = []

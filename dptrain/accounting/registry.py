@@ -9,6 +9,7 @@ from dptrain.accounting.history import normalize_history
 from dptrain.accounting.gdp import GaussianAccountant
 from dptrain.accounting.prv import PRVAccountant
 from dptrain.accounting.rdp import RDPAccountant
+from dptrain.accounting.shuffle import ShuffleAccountant
 from dptrain.checks import check_delta
 from dptrain.errors import PrivacyError
 
@@ -30,17 +31,23 @@ def accountant_class(name: str, argument: str = "accountant") -> type[Accountant
     return ACCOUNTANTS[key]
 
 
-def get_accountant(name: str = "prv", **kwargs: Any) -> Accountant:
-    """A new, empty accountant selected by name ("rdp" | "prv" | "gdp")."""
-    return accountant_class(name)(**kwargs)
+def get_accountant(name: str = "prv", sampling: str = "poisson", **kwargs: Any) -> Accountant:
+    """A new, empty accountant selected by name ("rdp" | "prv" | "gdp") for batches selected by
+    `sampling`: "poisson" (amplified), "shuffle" (`ShuffleAccountant`, carrying `name`)."""
+    cls = accountant_class(name)
+    if sampling == "shuffle":
+        return ShuffleAccountant(cls.name)
+    return cls(**kwargs)
 
 
 def compute_epsilon(history: Iterable[Sequence[Any] | Mapping[str, Any]], delta: float,
-                    accountant: str = "rdp") -> float:
+                    accountant: str = "rdp", sampling: str = "poisson") -> float:
     """Epsilon (nats) of a stored history of (noise_multiplier, sample_rate, steps) runs at delta.
 
     Stateless: the ledger verifier recomputes claimed epsilons with it. math.inf when a step used
-    noise_multiplier == 0 with sample_rate > 0; 0.0 for an empty history.
+    noise_multiplier == 0 with sample_rate > 0; 0.0 for an empty history. `sampling`: how the
+    batches were selected ("poisson", or "shuffle": dptrain.accounting.shuffle).
     """
-    acc = accountant_class(accountant).from_history(normalize_history(history))
+    acc = get_accountant(accountant, sampling)
+    acc.load_state_dict({"name": acc.name, "history": normalize_history(history)})
     return acc.get_epsilon(check_delta(delta))

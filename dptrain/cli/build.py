@@ -38,13 +38,15 @@ from dptrain.errors import (
     DPTrainError,
     PrivacyError,
     UnreachableEpsilonError,
-    UnsupportedModuleError,
 )
 from dptrain.models.hf import check_task, loss_for_task
+from dptrain.data.sampling import default_sample_rate
+from dptrain.data.user_sampling import user_sample_rate
 from dptrain.privacy.engine import PrivacyEngine
+from dptrain.privacy.plan import PerformanceSettings, calibrated
 from dptrain.train.job import PrivacySettings, TrainingJob, check_model_selection
 from dptrain.train.loggers import make_loggers
-from dptrain.train.loop import seed_everything
+from dptrain.randomness import seed_everything
 from dptrain.train.settings import TrainConfig, TrainSettings, command_line_names
 from dptrain.validation import ModuleValidator
 
@@ -53,7 +55,6 @@ log = logging.getLogger(__name__)
 # Every key the `train` section may hold: the fields of TrainConfig.
 TRAIN_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig))
 EVAL_BATCH_SIZE = 1024
-MAX_LISTED = 4  # submodule paths named per kind of validation problem
 FOLLOWED_KEY = "model.name_or_path"  # what a text dataset's tokenizer follows by default
 
 
@@ -204,21 +205,11 @@ def build_model(model_cfg: DictConfig, splits: DatasetSplits | None = None) -> n
 
 def check_private_model(model: nn.Module, model_key: str) -> None:
     """Raise UnsupportedModuleError listing what stops `model` from DP-SGD, and the fixes."""
-    problems = ModuleValidator.validate(model)
-    if problems:
-        by_kind: dict[tuple[str, str], list[str]] = {}
-        for p in problems:
-            by_kind.setdefault((p.problem, p.fix), []).append(p.path or "<model>")
-        listed = " ".join(
-            f"[{', '.join(paths[:MAX_LISTED])}{', ...' if len(paths) > MAX_LISTED else ''}] "
-            f"({len(paths)} module{'s' if len(paths) > 1 else ''}): {problem} Fix: {fix}"
-            for (problem, fix), paths in by_kind.items()
-        )
-        raise UnsupportedModuleError(
-            f"model={model_key} cannot be trained with DP-SGD as it is: {listed} Choose a "
-            f"DP-compatible model (model=...), build yours with dptrain.ModuleValidator.fix(model) "
-            f"applied in its constructor, or train without privacy (privacy=none)."
-        )
+    ModuleValidator.raise_if_invalid(
+        model, f"model={model_key}",
+        "Choose a DP-compatible model (model=...), build yours with "
+        "dptrain.ModuleValidator.fix(model) applied in its constructor, or train without privacy "
+        "(privacy=none).")
 
 
 def check_model_fits_data(model: nn.Module, splits: DatasetSplits, model_key: str) -> None:
@@ -359,8 +350,8 @@ def _unreachable_in_keys(error: UnreachableEpsilonError, settings: TrainSettings
 
 
 def user_level_arguments(request: PrivacyRequest, dataset: Any) -> dict[str, Any]:
-    """make_private's user-level keywords for privacy.unit=user (the training split's user ids,
-    from dataset.user_column); {} for example-level privacy. ConfigError when the dataset has no
+    """make_private's user ids for privacy.unit=user (the training split's, from
+    dataset.user_column); {} for example-level privacy. ConfigError when the dataset has no
     user ids."""
     if request.unit != "user":
         return {}
@@ -369,15 +360,7 @@ def user_level_arguments(request: PrivacyRequest, dataset: Any) -> dict[str, Any
         raise ConfigError("privacy.unit=user needs the user of every training example: set "
                           "dataset.user_column=COLUMN (dataset=text: the CSV/JSON/Parquet column "
                           "naming each row's user), or use privacy.unit=example.")
-    return {"privacy_unit": "user", "user_ids": user_ids,
-            "max_examples_per_user": request.max_examples_per_user}
-
-
-def _make_engine(request: PrivacyRequest, seed: int) -> Any:
-    """A PrivacyEngine whose noise and Poisson sampling generators are seeded from OS entropy, or
-    from `train.seed` with `privacy.reproducible_mechanism=true`."""
-    return PrivacyEngine(accountant=request.accountant, secure_mode=request.secure_mode, seed=seed,
-                         reproducible_mechanism=request.reproducible_mechanism)
+    return {"user_ids": user_ids}
 
 
 def make_private_job(
@@ -388,42 +371,30 @@ def make_private_job(
     settings: TrainSettings,
     num_examples: int,
 ) -> tuple[Any, nn.Module, torch.optim.Optimizer, DataLoader, PrivacySettings]:
-    """`request` applied through the engine: (engine, model, optimizer, loader, settings)."""
+    """`request`'s plan applied through the engine: (engine, model, optimizer, loader, settings).
+
+    The noise and Poisson sampling generators are seeded from OS entropy, or from `train.seed`
+    with `privacy.reproducible_mechanism=true`; with privacy=epsilon sigma is calibrated for
+    `train.epochs` first (`calibrated`).
+    """
     if not request.private:
-        return None, model, optimizer, loader, PrivacySettings(enabled=False, poisson_sampling=False)
+        return None, model, optimizer, loader, PrivacySettings(enabled=False)
     unit = user_level_arguments(request, loader.dataset)
     num_units = len(unit["user_ids"].unique()) if unit else num_examples  # N: examples or users
     delta = _target_delta(request.target_delta, num_units, "users" if unit else "training examples")
-    engine = _make_engine(request, settings.seed)
-    max_grad_norm = request.max_grad_norm
-    common = dict(
-        module=model,
-        optimizer=optimizer,
-        data_loader=loader,
-        max_grad_norm=list(max_grad_norm) if isinstance(max_grad_norm, tuple) else max_grad_norm,
-        clipping=request.clipping,
-        grad_sample_mode=request.grad_sample_mode,
-        poisson_sampling=request.poisson_sampling,
-        **unit,
-    )
-    if request.calibrated:
+    rate = user_sample_rate(loader, num_units) if unit else default_sample_rate(loader, num_examples)
+    plan = request.plan(rate, delta)
+    if plan.noise.multiplier is None:
         try:
-            model, optimizer, loader = engine.make_private_with_epsilon(
-                **common, target_epsilon=request.target_epsilon, target_delta=delta,
-                epochs=settings.epochs
-            )
+            plan = calibrated(plan, settings.epochs)
         except UnreachableEpsilonError as error:
             raise _unreachable_in_keys(error, settings, num_units) from error
-    else:
-        model, optimizer, loader = engine.make_private(
-            **common, noise_multiplier=request.noise_multiplier,
-            noise_schedule=request.varying_noise
-        )
-    settings_out = PrivacySettings.of_engine(engine, model, optimizer,
-                                             target_epsilon=request.target_epsilon,
-                                             target_delta=delta,
-                                             noise_schedule=dict(request.noise_schedule or {}))
-    return engine, model, optimizer, loader, settings_out
+    engine = PrivacyEngine.for_plan(plan, seed=settings.seed)
+    performance = PerformanceSettings(grad_sample_mode=request.grad_sample_mode)
+    model, optimizer, loader = engine.make_private(module=model, optimizer=optimizer,
+                                                   data_loader=loader, plan=plan,
+                                                   performance=performance, **unit)
+    return engine, model, optimizer, loader, PrivacySettings.of_engine(engine)
 
 
 # ----------------------------------------------------------------------------- the whole job

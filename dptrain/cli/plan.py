@@ -5,6 +5,7 @@
     dptrain-privacy sigma --target-epsilon 3 --delta 1e-5 --sample-rate 0.004 --epochs 10
     dptrain-privacy epsilon --sigma 1.1 --batch-size 128 --dataset-size 1442 --epochs 30  # delta 1e-5, as dptrain
     ... --accountant prv rdp   # a subset;  --json  for machine-readable output
+    ... --sampling shuffle     # fixed-size shuffled batches, accounted without amplification
 
 Bad input prints one line `dptrain-privacy: error: ...` and exits with status 2.
 """
@@ -31,6 +32,7 @@ from dptrain.checks import (
 )
 from dptrain.cli.args import OneLineParser, fail
 from dptrain.errors import ConfigError, DPTrainError, PrivacyError
+from dptrain.privacy.plan import Clipping, Noise, PrivacyPlan, Selection
 
 PROG = "dptrain-privacy"
 ORDER = ("prv", "rdp", "gdp")  # table order: the default (tight) accountant first
@@ -45,12 +47,20 @@ def _fail(message: str) -> NoReturn:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """The resolved inputs: sample rate q, number of steps T and delta."""
+class Horizon:
+    """The resolved inputs besides sigma: the batch selection (q and poisson | shuffle), the
+    number of steps T and delta."""
 
     sample_rate: float
     steps: int
     delta: float
+    sampling: str = "poisson"
+
+    def plan(self, accountant: str, sigma: float) -> PrivacyPlan:
+        """The privacy plan of a run with this horizon, `accountant` and noise multiplier."""
+        return PrivacyPlan(selection=Selection(self.sample_rate, kind=self.sampling),
+                           clipping=Clipping(), noise=Noise(multiplier=sigma),
+                           accountant=accountant, delta=self.delta)
 
 
 def _count(name: str) -> Callable[[str], int]:
@@ -81,6 +91,9 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delta", type=float,
                         help="target delta, e.g. 1e-5 (default with --dataset-size: 1/(10 N) "
                         "rounded down to a power of ten, as dptrain chooses it)")
+    parser.add_argument("--sampling", choices=["poisson", "shuffle"], default="poisson",
+                        help="batch selection (privacy.sampling): poisson (default) or shuffle "
+                        "(fixed-size batches of a shuffle each epoch, no amplification)")
     parser.add_argument("--accountant", nargs="+", choices=sorted(ACCOUNTANTS), default=list(ORDER),
                         help="accountants to report (default: all)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -102,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_plan(args: argparse.Namespace) -> Plan:
+def resolve_horizon(args: argparse.Namespace) -> Horizon:
     """Sample rate, steps and delta from the arguments; PrivacyError naming the bad flag."""
     if args.sample_rate is not None:
         if args.batch_size is not None or args.dataset_size is not None:
@@ -117,7 +130,7 @@ def resolve_plan(args: argparse.Namespace) -> Plan:
     delta = _delta(args.delta, args.dataset_size)
     if args.epochs is not None:
         POSITIVE_NUMBER.check(args.epochs, "--epochs")
-    return Plan(q, steps_for(q, args.steps, args.epochs), delta)
+    return Horizon(q, steps_for(q, args.steps, args.epochs), delta, args.sampling)
 
 
 def _delta(given: float | None, dataset_size: int | None) -> float:
@@ -134,33 +147,38 @@ def _ordered(names: Sequence[str]) -> list[str]:
     return [n for n in ORDER if n in names] + sorted(set(names) - set(ORDER))
 
 
-def _epsilon_row(name: str, sigma: float, plan: Plan) -> dict[str, Any]:
-    acc = get_accountant(name)
+def _epsilon_row(name: str, sigma: float, horizon: Horizon) -> dict[str, Any]:
+    """The answer of the plan of `horizon` with this accountant and sigma."""
+    plan = horizon.plan(name, sigma)
+    acc = get_accountant(plan.accountant, plan.selection.accounting)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        acc.step(noise_multiplier=sigma, sample_rate=plan.sample_rate, steps=plan.steps)
-        row: dict[str, Any] = {"accountant": name, "epsilon": acc.get_epsilon(plan.delta),
-                               "approximate": acc.approximate}
-        if name == "prv" and math.isfinite(row["epsilon"]) and row["epsilon"] > 0:
-            lower, _, upper = acc.get_epsilon_bounds(plan.delta)  # type: ignore[attr-defined]
+        acc.step(noise_multiplier=sigma, sample_rate=plan.selection.sample_rate,
+                 steps=horizon.steps)
+        row: dict[str, Any] = {"accountant": name, "epsilon": acc.get_epsilon(horizon.delta),
+                               "approximate": acc.approximate, "guarantee": acc.guarantee}
+        finite = math.isfinite(row["epsilon"])
+        if hasattr(acc, "get_epsilon_bounds") and finite and row["epsilon"] > 0:
+            lower, _, upper = acc.get_epsilon_bounds(horizon.delta)
             row["bounds"] = [lower, upper]
-        if name == "rdp" and math.isfinite(row["epsilon"]):
-            row["optimal_order"] = acc.get_epsilon_and_order(plan.delta)[1]  # type: ignore[attr-defined]
+        if hasattr(acc, "get_epsilon_and_order") and finite:
+            row["optimal_order"] = acc.get_epsilon_and_order(horizon.delta)[1]
     row["warnings"] = sorted({str(w.message) for w in caught})
     return row
 
 
-def _sigma_row(name: str, target: float, tolerance: float, plan: Plan) -> dict[str, Any]:
-    sigma = get_noise_multiplier(target_epsilon=target, target_delta=plan.delta,
-                                 sample_rate=plan.sample_rate, steps=plan.steps, accountant=name,
-                                 epsilon_tolerance=tolerance)
-    return {"accountant": name, "noise_multiplier": sigma, **_epsilon_row(name, sigma, plan)}
+def _sigma_row(name: str, target: float, tolerance: float, horizon: Horizon) -> dict[str, Any]:
+    sigma = get_noise_multiplier(target_epsilon=target, target_delta=horizon.delta,
+                                 sample_rate=horizon.sample_rate, steps=horizon.steps,
+                                 accountant=name, epsilon_tolerance=tolerance,
+                                 sampling=horizon.plan(name, 1.0).selection.accounting)
+    return {"accountant": name, "noise_multiplier": sigma, **_epsilon_row(name, sigma, horizon)}
 
 
 def _note(row: dict[str, Any], sigma: float | None) -> str:
     if math.isinf(row["epsilon"]):
         return "infinite: no noise (sigma = 0)" if sigma == 0 else "infinite: no finite guarantee"
-    guarantee = ACCOUNTANTS[row["accountant"]].guarantee
+    guarantee = row["guarantee"]
     if "bounds" in row:
         return f"{guarantee}; true epsilon in [{row['bounds'][0]:.4f}, {row['bounds'][1]:.4f}]"
     if "optimal_order" in row:
@@ -201,8 +219,9 @@ def _jsonable(value: Any) -> Any:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Compute the answer of a parsed command: {"command", "inputs", "results"}."""
-    plan = resolve_plan(args)
-    inputs: dict[str, Any] = {"sample_rate": plan.sample_rate, "steps": plan.steps, "delta": plan.delta}
+    plan = resolve_horizon(args)
+    inputs: dict[str, Any] = {"sample_rate": plan.sample_rate, "steps": plan.steps,
+                              "delta": plan.delta, "sampling": plan.sampling}
     names = _ordered(args.accountant)
     if args.command == "epsilon":
         check_noise_multiplier(args.sigma, "--sigma")

@@ -1,4 +1,6 @@
-"""The `privacy` and `noise_schedule` groups parsed once into a `PrivacyRequest`.
+"""The `privacy` and `noise_schedule` groups parsed once into a `PrivacyRequest`, and that
+request translated into the run's `PrivacyPlan` (`PrivacyRequest.plan`) once the data's size is
+known.
 
 Three modes: `epsilon` (sigma calibrated to privacy.target_epsilon), `sigma` (sigma given,
 epsilon reported; an optional +privacy.target_epsilon caps it through the budget guard) and
@@ -27,7 +29,14 @@ from dptrain.cli.schema import EpsilonPrivacyConfig, SigmaPrivacyConfig
 from dptrain.data.user_sampling import check_max_examples_per_user
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import CLIPPING_MODES
-from dptrain.privacy.engine import GRAD_SAMPLE_MODES
+from dptrain.privacy.plan import (
+    GRAD_SAMPLE_MODES,
+    Clipping,
+    Noise,
+    PrivacyPlan,
+    Selection,
+    Unit,
+)
 from dptrain.privacy.schedules import as_schedule
 from dptrain.privacy.user_level import PRIVACY_UNITS
 
@@ -122,7 +131,7 @@ class PrivacyRequest:
     accountant: str = "prv"
     clipping: str = "flat"
     grad_sample_mode: str = "hooks"
-    poisson_sampling: bool = True
+    sampling: str = "poisson"                 # poisson | shuffle (privacy.poisson_sampling=false: shuffle)
     secure_mode: bool = False
     reproducible_mechanism: bool = False      # noise and sampling seeded from train.seed (an opt-in)
     noise_schedule: Mapping[str, Any] | None = None  # the noise_schedule section (the ledger's)
@@ -147,6 +156,20 @@ class PrivacyRequest:
             return None
         return dict(schedule)
 
+    def plan(self, sample_rate: float, delta: float) -> PrivacyPlan:
+        """The plan this request describes, for batches sampled at q = `sample_rate` and epsilon
+        reported at `delta` (sigma still to calibrate with privacy=epsilon)."""
+        norm = self.max_grad_norm
+        return PrivacyPlan(
+            selection=Selection(sample_rate=sample_rate, kind=self.sampling),
+            clipping=Clipping(max_grad_norm=norm, kind=self.clipping),
+            noise=Noise(multiplier=self.noise_multiplier, target_epsilon=self.target_epsilon,
+                        schedule=self.varying_noise),
+            accountant=self.accountant, delta=delta,
+            randomness="secure" if self.secure_mode else
+            ("reproducible" if self.reproducible_mechanism else "os_entropy"),
+            unit=Unit(self.unit, max_examples_per_user=self.max_examples_per_user))
+
     @classmethod
     def parse(cls, privacy: Mapping[str, Any],
               noise_schedule: Mapping[str, Any] | None = None) -> PrivacyRequest:
@@ -154,7 +177,7 @@ class PrivacyRequest:
         PrivacyError naming the key of any value that cannot be used."""
         mode = privacy_mode(privacy)
         if mode == NONE:
-            return cls(NONE, poisson_sampling=False)
+            return cls(NONE)
         reject_unknown_keys(privacy, "privacy", PRIVACY_KEYS)
         _refuse_unused_sigma(privacy, mode)
         key = "target_epsilon" if mode == EPSILON else "noise_multiplier"
@@ -178,8 +201,7 @@ class PrivacyRequest:
             clipping=clipping,
             grad_sample_mode=one_of(*GRAD_SAMPLE_MODES).check(
                 privacy.get("grad_sample_mode", "hooks"), "privacy.grad_sample_mode"),
-            poisson_sampling=BOOLEAN.check(privacy.get("poisson_sampling", True),
-                                           "privacy.poisson_sampling"),
+            sampling=_sampling(privacy),
             secure_mode=BOOLEAN.check(privacy.get("secure_mode", False), "privacy.secure_mode"),
             reproducible_mechanism=_reproducible_mechanism(privacy),
             noise_schedule=_checked_schedule(noise_schedule, mode, sigma),
@@ -187,6 +209,21 @@ class PrivacyRequest:
             max_examples_per_user=check_max_examples_per_user(
                 privacy.get("max_examples_per_user"), "privacy.max_examples_per_user"),
         )
+
+
+def _sampling(privacy: Mapping[str, Any]) -> str:
+    """`privacy.sampling` (poisson | shuffle), or its alias `privacy.poisson_sampling`
+    (false: shuffle; its default true defers to privacy.sampling); ConfigError for
+    sampling=poisson with poisson_sampling=false."""
+    alias = BOOLEAN.check(privacy.get("poisson_sampling", True), "privacy.poisson_sampling")
+    sampling = privacy.get("sampling")
+    if sampling is None:
+        return "poisson" if alias else "shuffle"
+    sampling = one_of("poisson", "shuffle").check(sampling, "privacy.sampling")
+    if sampling == "poisson" and not alias:
+        raise ConfigError(f"privacy.sampling={sampling} but privacy.poisson_sampling={str(alias).lower()} "
+                          "(its older name) says otherwise: set privacy.sampling alone.")
+    return sampling
 
 
 def _reproducible_mechanism(privacy: Mapping[str, Any]) -> bool:

@@ -191,7 +191,8 @@ class DPSGDConfig(PrivacyConfig):
     accountant: str = "prv"
     clipping: str = "flat"
     grad_sample_mode: str = "hooks"
-    poisson_sampling: bool = True
+    sampling: Optional[str] = None      # poisson | shuffle; null: privacy.poisson_sampling decides
+    poisson_sampling: bool = True       # the older name of sampling (false: shuffle)
     secure_mode: bool = False
     reproducible_mechanism: bool = False
     unit: str = "example"               # example | user (needs dataset.user_column)

@@ -128,6 +128,46 @@ class PoissonBatchSampler(Sampler[list[int]]):
             self.generator.set_state(state["generator"])
 
 
+class ShuffleBatchSampler(PoissonBatchSampler):
+    """Fixed-size batches of a fresh shuffle of range(num_samples) each epoch.
+
+    Every example is in exactly one batch per epoch: batches of B = round(q N) examples (the
+    last of an epoch holds the rest), `steps` = ceil(1 / q) = ceil(N / B) batches per epoch. The
+    permutation is drawn from `dptrain.randomness.uniform` (argsort of N uniforms) with the same
+    generator rules as the Poisson coins. Accounted without amplification
+    (dptrain.accounting.shuffle); the batches' members must still stay secret.
+    """
+
+    def __init__(self, num_samples: int, sample_rate: float,
+                 generator: torch.Generator | None = None, secure: bool = False) -> None:
+        super().__init__(num_samples, sample_rate, generator=generator, secure=secure)
+        self.batch_size = max(1, round(self.sample_rate * self.num_samples))
+        self._order: list[int] = []
+
+    def draw(self) -> list[int]:
+        """The next batch of the current epoch's shuffle (a new shuffle at each epoch start)."""
+        position = self.batches_drawn % self.steps
+        if position == 0 or not self._order:
+            order = torch.argsort(uniform(self.num_samples, self.generator, self.secure))
+            self._order = order.tolist()
+        self.batches_drawn += 1
+        start = position * self.batch_size
+        end = self.num_samples if position == self.steps - 1 else start + self.batch_size
+        return sorted(self._order[start:end])
+
+    def state_dict(self) -> dict[str, Any]:
+        """As the Poisson sampler's, with the epoch's order when reproducible (mid-epoch
+        resume continues the same shuffle)."""
+        state = super().state_dict()
+        if self.reproducible:
+            state["order"] = list(self._order)
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._order = list(state.get("order", []))
+
+
 def _empty_like(batch: Any) -> Any:
     """The same structure with every tensor and array cut to 0 rows (lists emptied, scalars and
     strings kept). Every mapping is walked, not only dicts: a collator's own mapping type (a
@@ -271,6 +311,32 @@ class DPDataLoader(DataLoader):
         return cls(data_loader.dataset, check_sample_rate(sample_rate, "data_loader batch_size / N"),
                    steps=steps, generator=generator, secure=secure,
                    sample_rate_schedule=sample_rate_schedule, collate_fn=data_loader.collate_fn,
+                   **_loader_kwargs(data_loader))
+
+
+class ShuffleDataLoader(DPDataLoader):
+    """A DataLoader of fixed-size batches from a shuffle each epoch (see ShuffleBatchSampler)."""
+
+    def __init__(self, dataset: Dataset, sample_rate: float, *,
+                 generator: torch.Generator | None = None, secure: bool = False,
+                 collate_fn: Callable[[list[Any]], Any] | None = None, **loader_kwargs: Any) -> None:
+        sampler = ShuffleBatchSampler(len(dataset), sample_rate, generator=generator, secure=secure)
+        self._init_loader(dataset, sampler, collate_fn, loader_kwargs)
+
+    @classmethod
+    def from_data_loader(cls, data_loader: DataLoader, *, sample_rate: float | None = None,
+                         generator: torch.Generator | None = None, secure: bool = False,
+                         sample_rate_schedule: Callable[[int], float] | None = None,
+                         steps: int | None = None) -> ShuffleDataLoader:
+        """A shuffling loader over `data_loader`'s dataset (q = batch_size / N by default)."""
+        if sample_rate_schedule is not None or steps is not None:
+            raise ConfigError("shuffled batches have a fixed size and epoch: a sample_rate_schedule "
+                              "or steps needs Poisson sampling.")
+        size = dataset_size(data_loader)
+        if sample_rate is None:
+            sample_rate = default_sample_rate(data_loader, size)
+        return cls(data_loader.dataset, check_sample_rate(sample_rate, "data_loader batch_size / N"),
+                   generator=generator, secure=secure, collate_fn=data_loader.collate_fn,
                    **_loader_kwargs(data_loader))
 
 

@@ -152,21 +152,9 @@ def _use_merger(layer: nn.Module) -> Optional[Callable]:
     return get_use_merger(layer)
 
 
-def _validation_problems(model: nn.Module) -> list[str]:
-    """Every reason ``model`` cannot be trained privately, as one line each."""
-    return [f"'{p.path or '<model>'}': {p.problem} Fix: {p.fix}" for p in ModuleValidator.validate(model)]
-
-
 def validate_model(model: nn.Module) -> None:
     """Raise UnsupportedModuleError listing every submodule that breaks per-sample gradients."""
-    problems = _validation_problems(model)
-    if problems:
-        listing = " ".join(problems)
-        raise UnsupportedModuleError(
-            f"GradSampleModule(model) cannot compute per-sample gradients for this model: {listing} "
-            f"Call `model = dptrain.ModuleValidator.fix(model)` before wrapping it (it replaces "
-            f"such submodules by private equivalents and carries the weights over)."
-        )
+    ModuleValidator.raise_if_invalid(model, "GradSampleModule(model): the model")
 
 
 def _adapter_targets(model: nn.Module) -> Optional[str]:

@@ -30,10 +30,9 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from dptrain.errors import ConfigError
-from dptrain.losses import TokenLoss
+from dptrain.losses import IGNORE_INDEX, TokenLoss
 from dptrain.models.hf_config import DTYPES, PEFT_TASK_TYPES, TASKS, LoraConfig
 
-IGNORE_INDEX = -100      # label of positions without loss (padding, prompt tokens)
 MAX_LISTED = 6           # module / column names quoted in an error
 
 

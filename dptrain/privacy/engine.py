@@ -24,9 +24,15 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
-from dptrain.accounting import get_accountant, get_noise_multiplier
+from dptrain.accounting import get_accountant
+from dptrain.accounting.shuffle import ShuffleAccountant
 from dptrain.data.distributed import DistributedDPDataLoader
-from dptrain.data.sampling import DPDataLoader, dataset_size, default_sample_rate
+from dptrain.data.sampling import (
+    DPDataLoader,
+    ShuffleDataLoader,
+    dataset_size,
+    default_sample_rate,
+)
 from dptrain.data.user_sampling import UserDPDataLoader, user_groups, user_sample_rate
 from dptrain.distributed.ddp import unwrap_ddp
 from dptrain.grad_sample.ghost import GhostClippingModule
@@ -43,14 +49,46 @@ from dptrain.privacy.clipping import make_clipper
 from dptrain.privacy.distributed import DistributedDPOptimizer
 from dptrain.randomness import derive_seeds, make_generator
 from dptrain.privacy.optimizer import DPOptimizer
+from dptrain.privacy.plan import (  # noqa: F401  (GRAD_SAMPLE_MODES: re-exported, its old home)
+    GRAD_SAMPLE_MODES,
+    Clipping,
+    Noise,
+    PerformanceSettings,
+    PrivacyPlan,
+    Selection,
+    Unit,
+    calibrated,
+)
 from dptrain.privacy.schedules import Schedule, as_schedule
 from dptrain.privacy.user_level import (UserLevelClipper, UserLevelRequest,
                                         check_user_level_source, user_level_request)
-
-GRAD_SAMPLE_MODES = ("hooks", "ghost")
 _INTERFACE = ("per_sample_batch_size", "squared_norms", "weighted_sum", "clear_per_sample",
               "check_complete")
 ScheduleSpec = Schedule | Callable[[int], float] | dict[str, Any] | None
+# make_private's keyword arguments that describe the plan (the others say how it is computed).
+_PLAN_ARGUMENTS = ("max_grad_norm", "poisson_sampling", "sampling", "clipping", "privacy_unit",
+                   "max_examples_per_user",
+                   "target_unclipped_quantile", "clipbound_learning_rate", "count_noise_std")
+
+
+def schedule_spec(spec: ScheduleSpec) -> dict[str, Any] | None:
+    """A schedule argument as the plan records it: a dict as is (constant: None); a Schedule or
+    a Python callable by its repr (kind "python": the plan then names it but cannot rebuild it)."""
+    if spec is None:
+        return None
+    if isinstance(spec, dict):
+        return None if spec.get("kind", "constant") == "constant" and len(spec) <= 1 else dict(spec)
+    return {"kind": "python", "repr": repr(spec)}
+
+
+def _as_spec(recorded: Any) -> dict[str, Any] | None:
+    """The schedule argument of a plan's recorded schedule (a "python" one cannot be rebuilt)."""
+    if recorded is None:
+        return None
+    if recorded.get("kind") == "python":
+        raise ConfigError(f"the plan's schedule {recorded['repr']} is a Python object: pass it "
+                          "again to make_private (noise_schedule= or sample_rate_schedule=).")
+    return dict(recorded)
 
 
 def _make_accountant(accountant: Any) -> Any:
@@ -60,16 +98,17 @@ def _make_accountant(accountant: Any) -> Any:
     return get_accountant(accountant)
 
 
-def private_classes(distributed: bool, poisson_sampling: bool) -> tuple[type, type]:
-    """(loader class, optimizer class) for make_private: the distributed pair for a DDP model.
+def private_classes(distributed: bool, selection: str) -> tuple[type, type]:
+    """(loader class, optimizer class) for make_private and the plan's selection kind
+    (poisson | shuffle | given): the distributed pair for a DDP model.
 
     Raises ConfigError for a DDP model without Poisson sampling: every rank would then train on
     the same given batches and the all-reduce would count each example once per rank
     (sensitivity W * C instead of C).
     """
     if not distributed:
-        return DPDataLoader, DPOptimizer
-    if not poisson_sampling:
+        return (ShuffleDataLoader if selection == "shuffle" else DPDataLoader), DPOptimizer
+    if selection != "poisson":
         raise ConfigError("poisson_sampling=False with a DistributedDataParallel model: each rank "
                           "would train on the same batches of the given loader and the clipped "
                           "sums, all-reduced across ranks, would count every example once per rank. "
@@ -185,13 +224,48 @@ class PrivacyEngine:
         self.data_loader: Any = None
         self.dataset_size: int | None = None
         self.poisson_sampling = True
+        self.plan: PrivacyPlan | None = None            # set by make_private
+        self.performance: PerformanceSettings | None = None
         self.privacy_unit = "example"  # "user" after make_private(privacy_unit="user")
 
     # -- making things private ---------------------------------------------------------------
+    def plan_of(self, data_loader: DataLoader, *, noise_multiplier: float | None = None,
+                max_grad_norm: float | list[float] = 1.0, poisson_sampling: bool = True,
+                sampling: str | None = None, clipping: str = "flat",
+                noise_schedule: ScheduleSpec = None, sample_rate_schedule: ScheduleSpec = None,
+                target_unclipped_quantile: float = 0.5, clipbound_learning_rate: float = 0.2,
+                count_noise_std: float | None = None, target_epsilon: float | None = None,
+                target_delta: float | None = None,
+                noise_generator: torch.Generator | None = None, privacy_unit: str = "example",
+                user_ids: Any = None, max_examples_per_user: int | None = None) -> PrivacyPlan:
+        """The plan make_private's keyword arguments describe (q = the loader's batch_size / N,
+        N the examples, or the users with privacy_unit="user"; `sampling` "poisson" |
+        "shuffle"; poisson_sampling=False without it: the caller's own loader, accounted as
+        Poisson, no guarantee)."""
+        unit = Unit(privacy_unit, max_examples_per_user=max_examples_per_user)
+        _, rate = self._unit_rate(data_loader, unit, user_ids)
+        if sampling is None:
+            sampling = "poisson" if poisson_sampling else "given"
+        sigma = check_noise_multiplier(noise_multiplier) if noise_multiplier is not None else None
+        norm = check_max_grad_norm(max_grad_norm, per_layer=clipping == "per_layer")
+        return PrivacyPlan(
+            selection=Selection(sample_rate=rate, kind=sampling,
+                                schedule=schedule_spec(sample_rate_schedule)),
+            clipping=Clipping(max_grad_norm=tuple(norm) if isinstance(norm, list) else norm,
+                              kind=clipping, target_unclipped_quantile=target_unclipped_quantile,
+                              clipbound_learning_rate=clipbound_learning_rate,
+                              count_noise_std=count_noise_std),
+            noise=Noise(multiplier=sigma, target_epsilon=target_epsilon,
+                        schedule=schedule_spec(noise_schedule)),
+            accountant=self.accountant.name, delta=target_delta,
+            randomness=self._planned_randomness(noise_generator), unit=unit)
+
     def make_private(self, *, module: nn.Module, optimizer: Optimizer, data_loader: DataLoader,
-                     noise_multiplier: float, max_grad_norm: float | list[float],
-                     poisson_sampling: bool = True, clipping: str = "flat",
-                     noise_generator: torch.Generator | None = None,
+                     noise_multiplier: float | None = None,
+                     max_grad_norm: float | list[float] = 1.0, plan: PrivacyPlan | None = None,
+                     performance: PerformanceSettings | None = None,
+                     poisson_sampling: bool = True, sampling: str | None = None,
+                     clipping: str = "flat", noise_generator: torch.Generator | None = None,
                      grad_sample_mode: str = "hooks", noise_schedule: ScheduleSpec = None,
                      sample_rate_schedule: ScheduleSpec = None, allow_non_poisson: bool = False,
                      batch_first: bool = True, loss_reduction: str = "mean",
@@ -199,49 +273,78 @@ class PrivacyEngine:
                      count_noise_std: float | None = None, privacy_unit: str = "example",
                      user_ids: Any = None, max_examples_per_user: int | None = None
                      ) -> tuple[Any, DPOptimizer, Any]:
-        """The private (module, optimizer, data_loader); see docs/python-api.md.
+        """The private (module, optimizer, data_loader) of `plan`; see docs/python-api.md.
 
-        `noise_generator`: a seeded generator for the noise, an opt-in to reproducible noise (not
-        a guarantee if its seed is known; `randomness()` then says "reproducible"); the engine's
-        `reproducible_mechanism` seeds the noise and the sampling from `seed`.
-        Adaptive clipping (clipping="adaptive") uses target_unclipped_quantile,
-        clipbound_learning_rate and count_noise_std (default expected_batch_size / 20).
-        User-level DP (privacy_unit="user", dptrain.privacy.user_level): `user_ids` holds one
-        user id per example of the loader's dataset; users are Poisson-sampled at
-        q = batch_size / N_users, each contributes at most `max_examples_per_user` examples
-        (None: all) and its mean gradient is clipped to max_grad_norm.
-        Raises PrivacyError / ConfigError naming the argument for any unusable value.
+        Without `plan`, the keyword arguments describe it (`plan_of`); `performance` (default:
+        `grad_sample_mode`) says how it is computed. `noise_generator`: a seeded generator for
+        the noise, an opt-in to reproducible noise (not a guarantee if its seed is known;
+        `randomness()` then says "reproducible"); the engine's `reproducible_mechanism` seeds the
+        noise and the sampling from `seed`. User-level DP (privacy_unit="user",
+        dptrain.privacy.user_level): `user_ids` holds one user id per example of the loader's
+        dataset; users are Poisson-sampled at q = batch_size / N_users, each contributes at most
+        `max_examples_per_user` examples (None: all) and its mean gradient is clipped to
+        max_grad_norm. Raises PrivacyError / ConfigError naming the argument for any unusable
+        value.
         """
+        if plan is None:
+            if noise_multiplier is None:
+                raise PrivacyError("noise_multiplier is missing: pass noise_multiplier=1.0 (or a "
+                                   "plan, or use make_private_with_epsilon).")
+            plan = self.plan_of(
+                data_loader, noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
+                poisson_sampling=poisson_sampling, sampling=sampling, clipping=clipping,
+                noise_schedule=noise_schedule, sample_rate_schedule=sample_rate_schedule,
+                target_unclipped_quantile=target_unclipped_quantile,
+                clipbound_learning_rate=clipbound_learning_rate, count_noise_std=count_noise_std,
+                noise_generator=noise_generator, privacy_unit=privacy_unit, user_ids=user_ids,
+                max_examples_per_user=max_examples_per_user)
+        if performance is None:
+            performance = PerformanceSettings(grad_sample_mode=grad_sample_mode)
+        return self._build(plan, performance, module, optimizer, data_loader, noise_generator,
+                           allow_non_poisson, batch_first, loss_reduction,
+                           (noise_schedule, sample_rate_schedule), user_ids)
+
+    def _build(self, plan: PrivacyPlan, performance: PerformanceSettings, module: nn.Module,
+               optimizer: Optimizer, data_loader: DataLoader,
+               noise_generator: torch.Generator | None, allow_non_poisson: bool,
+               batch_first: bool, loss_reduction: str,
+               schedules: tuple[ScheduleSpec, ScheduleSpec],
+               user_ids: Any = None) -> tuple[Any, DPOptimizer, Any]:
+        """The mechanism of `plan`: wrapped module, DP optimizer, private loader (`user_ids`:
+        one user id per example, for a user-level plan)."""
+        self._check_plan(plan, noise_generator)
         module, distributed = unwrap_ddp(module)  # a DDP model: its inner module
-        users = user_level_request(privacy_unit, user_ids, max_examples_per_user,
-                                   grad_sample_mode, distributed)
-        loader_class, optimizer_class = private_classes(distributed, poisson_sampling)
-        sigma = check_noise_multiplier(noise_multiplier)
-        check_max_grad_norm(max_grad_norm, per_layer=clipping == "per_layer")
-        num_samples, sample_rate = self._unit_rate(data_loader, users)
-        if noise_generator is not None and self.secure_mode:
-            raise ConfigError("noise_generator cannot be used with secure_mode=True: secure mode "
-                              "draws all noise from the OS CSPRNG. Drop one of the two.")
-        noise_sched = as_schedule(noise_schedule, sigma, "noise_schedule")
-        rate_sched = as_schedule(sample_rate_schedule, sample_rate, "sample_rate_schedule")
-        source = _wrap_module(module, grad_sample_mode, batch_first, loss_reduction)
+        users = user_level_request(plan.unit.kind, user_ids, plan.unit.max_examples_per_user,
+                                   performance.grad_sample_mode, distributed)
+        loader_class, optimizer_class = private_classes(distributed, plan.selection.kind)
+        num_samples, _ = self._unit_rate(data_loader, plan.unit, user_ids)  # N: examples or users
+        plan = plan.with_dataset(num_samples)
+        sigma, sample_rate = plan.noise.multiplier, plan.selection.sample_rate
+        noise_sched = as_schedule(schedules[0] if schedules[0] is not None
+                                  else _as_spec(plan.noise.schedule), sigma, "noise_schedule")
+        rate_sched = as_schedule(schedules[1] if schedules[1] is not None
+                                 else _as_spec(plan.selection.schedule), sample_rate,
+                                 "sample_rate_schedule")
+        source = _wrap_module(module, performance.grad_sample_mode, batch_first, loss_reduction)
         try:
             named = _trainable_parameters(source)
             _check_optimizer_params(optimizer, source, named)
-            expected_batch_size = sample_rate * num_samples
-            clipper = make_clipper(clipping, max_grad_norm, [p for _, p in named],
-                                   expected_batch_size=expected_batch_size,
-                                   target_unclipped_quantile=target_unclipped_quantile,
-                                   clipbound_learning_rate=clipbound_learning_rate,
-                                   count_noise_std=count_noise_std)
+            expected_batch_size = plan.expected_batch_size(num_samples)
+            clip = plan.clipping
+            clipper = make_clipper(clip.kind, list(clip.max_grad_norm)
+                                   if isinstance(clip.max_grad_norm, tuple) else clip.max_grad_norm,
+                                   [p for _, p in named], expected_batch_size=expected_batch_size,
+                                   target_unclipped_quantile=clip.target_unclipped_quantile,
+                                   clipbound_learning_rate=clip.clipbound_learning_rate,
+                                   count_noise_std=clip.count_noise_std)
             clipper.gradient_noise_multiplier(sigma)  # adaptive: fails now if sigma_b is too small
             self._place_noise_generator([p for _, p in named])
             if users is None:
-                private_loader = self._private_loader(data_loader, poisson_sampling,
-                                                      allow_non_poisson, rate_sched, loader_class)
+                private_loader = self._private_loader(data_loader, plan, allow_non_poisson,
+                                                      rate_sched, loader_class)
             else:
                 check_user_level_source(source)
-                private_loader = self._user_loader(data_loader, users, poisson_sampling, rate_sched)
+                private_loader = self._user_loader(data_loader, users, plan, rate_sched)
                 clipper = UserLevelClipper(clipper, [p for _, p in named],
                                            private_loader.batch_user_groups)
             dp_optimizer = optimizer_class(
@@ -258,9 +361,40 @@ class PrivacyEngine:
         if callable(getattr(private_loader, "add_hand_out_listener", None)):
             dp_optimizer.follow_loader(private_loader)
         dp_optimizer.attach_step_hook(self._account_step)
+        if plan.selection.accounting == "shuffle" and not isinstance(self.accountant,
+                                                                      ShuffleAccountant):
+            self.accountant = get_accountant(self.accountant.name, "shuffle")
         self.optimizer, self.data_loader, self.dataset_size = dp_optimizer, private_loader, num_samples
-        self.privacy_unit = "example" if users is None else "user"
+        self.plan, self.performance = plan, performance
+        self.privacy_unit = plan.unit.kind
         return source, dp_optimizer, private_loader
+
+    def _check_plan(self, plan: PrivacyPlan, noise_generator: torch.Generator | None) -> None:
+        """ConfigError when `plan` asks for another accountant or randomness than this engine's."""
+        if noise_generator is not None and self.secure_mode:
+            raise ConfigError("noise_generator cannot be used with secure_mode=True: secure mode "
+                              "draws all noise from the OS CSPRNG. Drop one of the two.")
+        if plan.noise.multiplier is None:
+            raise PrivacyError("the plan's noise multiplier is not set: calibrate it "
+                               "(make_private_with_epsilon) or give noise_multiplier.")
+        engine = {"accountant": self.accountant.name,
+                  "randomness": self._planned_randomness(noise_generator)}
+        for key, value in engine.items():
+            if getattr(plan, key) != value:
+                raise ConfigError(f"the plan's {key}={getattr(plan, key)!r} is not this engine's "
+                                  f"({value!r}): build the engine with PrivacyEngine.for_plan(plan).")
+
+    def _planned_randomness(self, noise_generator: torch.Generator | None) -> str:
+        """The plan's randomness for this engine (and a caller's noise generator)."""
+        if self.secure_mode:
+            return "secure"
+        return "reproducible" if self.reproducible_mechanism or noise_generator else "os_entropy"
+
+    @classmethod
+    def for_plan(cls, plan: PrivacyPlan, seed: int | None = None) -> PrivacyEngine:
+        """The engine (accountant, randomness) `plan` names."""
+        return cls(accountant=plan.accountant, secure_mode=plan.secure, seed=seed,
+                   reproducible_mechanism=plan.reproducible)
 
     def make_private_with_epsilon(self, *, target_epsilon: float, target_delta: float,
                                   epochs: float, data_loader: DataLoader,
@@ -278,17 +412,14 @@ class PrivacyEngine:
         check_epsilon(target_epsilon, "target_epsilon", target=True)
         if not (isinstance(epochs, (int, float)) and epochs > 0):
             raise ConfigError(f"epochs={epochs!r} must be > 0 (the training length the budget covers).")
-        users = user_level_request(kwargs.get("privacy_unit", "example"), kwargs.get("user_ids"),
-                                   kwargs.get("max_examples_per_user"),
-                                   kwargs.get("grad_sample_mode", "hooks"), False)
-        num_samples, sample_rate = self._unit_rate(data_loader, users)
+        plan_args = {k: kwargs.pop(k) for k in _PLAN_ARGUMENTS if k in kwargs}
+        plan = self.plan_of(data_loader, target_epsilon=target_epsilon, target_delta=target_delta,
+                            noise_generator=kwargs.get("noise_generator"),
+                            user_ids=kwargs.get("user_ids"), **plan_args)
+        num_samples, _ = self._unit_rate(data_loader, plan.unit, kwargs.get("user_ids"))
         warn_if_delta_too_large(target_delta, num_samples, "target_delta")
-
-        sigma = get_noise_multiplier(target_epsilon=target_epsilon, target_delta=target_delta,
-                                     sample_rate=sample_rate, epochs=epochs,
-                                     accountant=self.accountant.name,
-                                     epsilon_tolerance=epsilon_tolerance)
-        return self.make_private(data_loader=data_loader, noise_multiplier=sigma, **kwargs)
+        return self.make_private(data_loader=data_loader,
+                                 plan=calibrated(plan, epochs, epsilon_tolerance), **kwargs)
 
     # -- accounting ----------------------------------------------------------------------------
     def _account_step(self, optimizer: DPOptimizer) -> None:
@@ -301,7 +432,7 @@ class PrivacyEngine:
         """Epsilon spent so far at `delta` (warns when the loader is not Poisson-sampled, and when
         the noise or the sampling is reproducible from a seed)."""
         warn_if_delta_too_large(delta, self.dataset_size, "delta")
-        if not self.poisson_sampling:
+        if self.plan is not None and self.plan.selection.kind == "given":
             warnings.warn("The data loader does not use Poisson sampling (allow_non_poisson=True): "
                           "the epsilon assumes Poisson sampling and is NOT a proven guarantee for "
                           "this run.", UserWarning, stacklevel=2)
@@ -400,39 +531,46 @@ class PrivacyEngine:
                                f"1 and {num_samples}.")
         return num_samples, check_sample_rate(rate, "data_loader sample rate")
 
-    def _unit_rate(self, data_loader: DataLoader, users: UserLevelRequest | None) -> tuple[int, float]:
-        """(N, q) of the privacy unit: examples (`_loader_rate`), or users, q = batch_size / N_users."""
-        if users is None:
+    def _unit_rate(self, data_loader: DataLoader, unit: Unit,
+                   user_ids: Any) -> tuple[int, float]:
+        """(N, q) of the privacy unit: examples (`_loader_rate`), or users, q = batch_size /
+        N_users (`user_ids`: one user id per example)."""
+        if unit.kind != "user" or user_ids is None:
             return self._loader_rate(data_loader)
-        num_users = len(user_groups(users.user_ids, dataset_size(data_loader)))
+        num_users = len(user_groups(user_ids, dataset_size(data_loader)))
         return num_users, user_sample_rate(data_loader, num_users)
 
-    def _user_loader(self, data_loader: DataLoader, users: UserLevelRequest, poisson_sampling: bool,
+    def _user_loader(self, data_loader: DataLoader, users: UserLevelRequest, plan: PrivacyPlan,
                      rate_schedule: Schedule | None) -> UserDPDataLoader:
-        """The user-level Poisson loader (user-level DP needs Poisson sampling over users)."""
-        if not poisson_sampling:
-            raise ConfigError("privacy_unit='user' samples users with Poisson sampling: "
-                              "poisson_sampling=False (privacy.poisson_sampling) is not supported "
-                              "with it. Set poisson_sampling=True.")
+        """The user-level Poisson loader (the plan refuses user level without Poisson sampling)."""
         self.poisson_sampling = True
         return UserDPDataLoader.from_user_ids(
             data_loader, users.user_ids, max_examples_per_user=users.max_examples_per_user,
             generator=self.sampling_generator, secure=self.secure_mode,
             sample_rate_schedule=rate_schedule)
 
-    def _private_loader(self, data_loader: DataLoader, poisson_sampling: bool,
+    def _private_loader(self, data_loader: DataLoader, plan: PrivacyPlan,
                         allow_non_poisson: bool, rate_schedule: Schedule | None,
                         loader_class: type[DPDataLoader] = DPDataLoader) -> Any:
-        """The Poisson loader, or the given loader when non-Poisson sampling is allowed."""
-        self.poisson_sampling = bool(poisson_sampling)
-        if poisson_sampling:
-            return loader_class.from_data_loader(data_loader, generator=self.sampling_generator,
+        """The plan's loader (Poisson or shuffle, at the plan's q), or the given loader when
+        non-Poisson sampling is allowed."""
+        kind = plan.selection.kind
+        self.poisson_sampling = kind == "poisson"
+        if kind == "shuffle":
+            return loader_class.from_data_loader(data_loader, sample_rate=plan.selection.sample_rate,
+                                                 generator=self.sampling_generator,
+                                                 secure=self.secure_mode)
+        if kind == "poisson":
+            return loader_class.from_data_loader(data_loader, sample_rate=plan.selection.sample_rate,
+                                                 generator=self.sampling_generator,
                                                  secure=self.secure_mode,
                                                  sample_rate_schedule=rate_schedule)
         if not allow_non_poisson:
             raise ConfigError("poisson_sampling=False: the privacy accounting assumes Poisson "
-                              "sampling; pass allow_non_poisson=True to train anyway (get_epsilon "
-                              "will then warn that the epsilon is not a guarantee).")
+                              "sampling; use sampling=\"shuffle\" (fixed-size batches of a shuffle, "
+                              "accounted without amplification), or pass allow_non_poisson=True to "
+                              "train on your own loader anyway (get_epsilon will then warn that the "
+                              "epsilon is not a guarantee).")
         if rate_schedule is not None:
             raise ConfigError("sample_rate_schedule needs poisson_sampling=True: a fixed-batch "
                               "loader cannot follow a sample-rate schedule.")

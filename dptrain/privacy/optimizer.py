@@ -108,6 +108,7 @@ class DPOptimizer(Optimizer):
         self.sample_rate_source = sample_rate_source
         self._warned_rate_mismatch = False
         self.steps_taken = 0
+        self.last_charge: tuple[float, float] | None = None  # (sigma, q) of the last step
         self._step_hooks: list[StepHook] = []
         self._skip_next = False
         self._last_step_skipped = False
@@ -339,6 +340,8 @@ class DPOptimizer(Optimizer):
         try:
             self._write_noisy_gradients()
             result = self.original_optimizer.step()
+            #: (sigma, q) of the step just taken: what the accountant hook charges for it
+            self.last_charge = (float(self.noise_multiplier), float(self.sample_rate))
             for hook in self._step_hooks:
                 hook(self)
         finally:
@@ -384,7 +387,8 @@ class DPOptimizer(Optimizer):
     def discard_partial_batch(self) -> None:
         """Forget an unfinished logical batch: the clipped sums accumulated by skipped steps,
         pending per-sample gradients and skip signals (nothing of it is ever released)."""
-        if self._last_step_skipped:
+        pending = any(getattr(p, "summed_grad", None) is not None for p in self.params)
+        if self._last_step_skipped or pending:
             self._clear_summed()
             self.clipper.reset_accumulation()
             self._last_step_skipped = False

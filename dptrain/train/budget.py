@@ -18,7 +18,7 @@ from typing import Any
 
 from dptrain.accounting.history import History, history_steps, merge_history, steps_after
 from dptrain.train.job import Position, TrainingJob
-from dptrain.train.ledger import PrivacyLedger, epsilon_of
+from dptrain.train.ledger import PrivacyLedger, epsilon_of, ledger_sampling
 from dptrain.train.replay import with_replayed
 
 COMMIT_BLOCK_STEPS = 50   # at most this many steps committed ahead (bounded over-report on crash)
@@ -34,10 +34,11 @@ class BudgetGuard:
     """
 
     def __init__(self, target_epsilon: float | None, delta: float | None,
-                 accountant: str | None) -> None:
+                 accountant: str | None, sampling: str = "poisson") -> None:
         self.target = target_epsilon
         self.delta = delta
         self.accountant = accountant
+        self.sampling = sampling   # poisson | shuffle: how the history is accounted
         self._max_steps: dict[tuple[float, float], int] = {}
 
     def admissible(self, done: History, upcoming: History) -> int:
@@ -62,7 +63,7 @@ class BudgetGuard:
 
     def _fits(self, history: History) -> bool:
         history = merge_history(history)
-        return epsilon_of(history, self.delta, self.accountant) <= self.target
+        return epsilon_of(history, self.delta, self.accountant, self.sampling) <= self.target
 
 
 def _largest_fitting(limit: int | None, fits: Any) -> int:
@@ -143,7 +144,8 @@ class PrivacySpend:
         """Epsilon of every step spent so far (None for a non-private run)."""
         if not self.private:
             return None
-        return epsilon_of(self.spent(), self.ledger.data["delta"], self.ledger.data["accountant"])
+        return epsilon_of(self.spent(), self.ledger.data["delta"], self.ledger.data["accountant"],
+                          ledger_sampling(self.ledger.data))
 
     # -- commits and the guard -------------------------------------------------------------------
     def admissible(self, upcoming: History) -> int:

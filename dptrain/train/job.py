@@ -8,6 +8,7 @@ runs it. Nothing here imports Hydra: a config travels as a plain dict.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -17,50 +18,46 @@ from torch import nn
 from torch.nn import functional as F
 
 from dptrain.errors import ConfigError
-from dptrain.grad_sample.ghost import GhostClippingModule
+from dptrain.privacy.plan import PerformanceSettings, PrivacyPlan
 from dptrain.train.settings import TrainConfig, TrainSettings  # noqa: F401  (part of the job)
 
 
 @dataclass
 class PrivacySettings:
-    """What the ledger and the budget guard need to know about the mechanism.
-
-    `enabled=False` is the non-private baseline (privacy=none): no engine, and the ledger says so.
-    """
+    """The run's privacy as the ledger and the budget guard need it: its plan (None for the
+    non-private baseline, privacy=none: no engine, and the ledger says so) and the settings that
+    compute it (`performance`)."""
 
     enabled: bool
-    accountant: str = "prv"                 # "rdp" | "prv" | "gdp"
-    noise_multiplier: float | None = None   # sigma actually configured or calibrated
-    max_grad_norm: float | None = None      # C
-    sample_rate: float | None = None        # q = expected batch size / N
-    target_epsilon: float | None = None     # None when sigma was given directly
-    target_delta: float | None = None       # delta used to report epsilon
-    clipping: str = "flat"
-    grad_sample_mode: str = "hooks"
-    poisson_sampling: bool = True
-    secure_mode: bool = False
-    noise_schedule: dict[str, Any] = field(default_factory=dict)
+    plan: PrivacyPlan | None = None
+    performance: PerformanceSettings = field(default_factory=PerformanceSettings)
+
+    @property
+    def target_epsilon(self) -> float | None:
+        """The budget: the calibration target (privacy=epsilon) or a cap (None: no cap)."""
+        return None if self.plan is None else self.plan.noise.target_epsilon
+
+    @property
+    def target_delta(self) -> float | None:
+        """The delta epsilon is reported at (None when non-private)."""
+        return None if self.plan is None else self.plan.delta
+
+    @property
+    def secure_mode(self) -> bool:
+        return self.plan is not None and self.plan.secure
 
     @classmethod
-    def of_engine(cls, engine: Any, model: Any, optimizer: Any, *,
-                  target_epsilon: float | None = None, target_delta: float | None = None,
-                  noise_schedule: dict[str, Any] | None = None) -> PrivacySettings:
-        """The settings of what `engine.make_private` returned (`model`, `optimizer`): sigma, C
-        and q as the optimizer holds them, the engine's accountant and modes."""
-        return cls(
-            enabled=True,
-            accountant=str(engine.accountant.name),
-            noise_multiplier=float(optimizer.noise_multiplier),
-            max_grad_norm=float(optimizer.max_grad_norm),
-            sample_rate=float(optimizer.sample_rate),
-            target_epsilon=target_epsilon,
-            target_delta=target_delta,
-            clipping=str(optimizer.clipper.name),
-            grad_sample_mode="ghost" if isinstance(model, GhostClippingModule) else "hooks",
-            poisson_sampling=bool(engine.poisson_sampling),
-            secure_mode=bool(engine.secure_mode),
-            noise_schedule=dict(noise_schedule or {}),
-        )
+    def of_engine(cls, engine: Any, *, target_epsilon: float | None = None,
+                  target_delta: float | None = None) -> PrivacySettings:
+        """The settings of what `engine.make_private` built: its plan, with a budget cap
+        `target_epsilon` and the reporting delta `target_delta` when given."""
+        plan = engine.plan
+        if target_epsilon is not None:
+            plan = dataclasses.replace(plan, noise=dataclasses.replace(
+                plan.noise, target_epsilon=target_epsilon))
+        if target_delta is not None:
+            plan = dataclasses.replace(plan, delta=target_delta)
+        return cls(enabled=True, plan=plan, performance=engine.performance)
 
 
 @dataclass
@@ -225,14 +222,14 @@ def private_job(engine: Any, model: nn.Module, optimizer: torch.optim.Optimizer,
     describes the run in the ledger, and a resume must present the same one (default: the
     privacy settings and the dataset). `device` defaults to the model's.
     """
-    privacy = PrivacySettings.of_engine(engine, model, optimizer, target_epsilon=target_epsilon,
+    privacy = PrivacySettings.of_engine(engine, target_epsilon=target_epsilon,
                                         target_delta=target_delta)
     size = int(engine.dataset_size)
     if device is None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
     if config is None:
         config = {"dataset": {"name": dataset_name, "size": size},
-                  "privacy": {k: v for k, v in vars(privacy).items() if k != "enabled"}}
+                  "privacy": privacy.plan.to_dict()}
     return TrainingJob(model=model, optimizer=optimizer, train_loader=train_loader,
                        test_loader=test_loader, loss_fn=loss_fn, device=torch.device(device),
                        engine=engine, privacy=privacy, dataset_name=dataset_name,

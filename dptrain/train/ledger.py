@@ -39,6 +39,7 @@ from dptrain.accounting.history import (  # noqa: F401  (re-exported: the ledger
     truncate_history,
 )
 from dptrain.checks import default_delta  # noqa: F401  (re-exported: where it was)
+from dptrain.distributed.consistency import flatten
 from dptrain.errors import ConfigError, DPTrainError
 from dptrain.io import atomic_write_json, json_safe
 from dptrain.privacy.user_level import privacy_unit_of, user_level_mechanism
@@ -46,13 +47,18 @@ from dptrain.train.job import TrainingJob
 from dptrain.train.ledger_check import edited_ledger_error, first_mismatch, record_mismatches
 from dptrain.train.settings import TrainSettings
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Versions `load_ledger` reads: 1 (before the plan was recorded: Poisson sampling) and 2 (`plan`).
+READABLE_VERSIONS = (1, 2)
 LEDGER_FILENAME = "privacy_ledger.json"
 # "interrupted": stopped by Ctrl-C (SIGINT); "preempted": stopped by SIGTERM or SIGUSR1 after a
 # whole step, checkpointed (dptrain.train.preemption); "failed": stopped by an error.
 STATUSES = ("running", "completed", "stopped_at_budget", "interrupted", "preempted", "failed")
 # What epsilon protects: DP-SGD with Poisson sampling is accounted for add/remove adjacency.
 PRIVACY_UNIT = "one training example (add/remove: datasets differing by one example)"
+# What epsilon protects with shuffled batches (dptrain.accounting.shuffle).
+SHUFFLE_PRIVACY_UNIT = ("one training example (substitution: datasets of the same size differing "
+                        "in one example; no amplification by subsampling)")
 NON_PRIVATE_NOTE = "non-private: no privacy guarantee"
 # mechanism.randomness: how the noise and the Poisson sampling coins were seeded.
 RANDOMNESS = ("os_entropy", "secure", "reproducible")
@@ -82,6 +88,11 @@ RESUME_EXEMPT_KEYS = ("train.resume", "train.progress", "train.max_steps", "trai
 # sampling alone (now from OS entropy too: the resumed steps are not less private, and
 # `carry_randomness` keeps the ledger's flag).
 RENAMED_KEYS = {"privacy.reproducible_noise": "privacy.reproducible_mechanism"}
+# Config keys added since a ledger or checkpoint was written: {key: the value that means what
+# the older config did}. privacy.sampling null defers to privacy.poisson_sampling, as before;
+# the privacy unit was one example, and no dataset named users.
+ADDED_KEYS: dict[str, Any] = {"privacy.sampling": None, "privacy.unit": "example",
+                              "privacy.max_examples_per_user": None, "dataset.user_column": None}
 
 
 _NUMBER_OR_INF = {"type": ["number", "string", "null"], "pattern": "^(-?inf|nan)$"}
@@ -105,7 +116,11 @@ LEDGER_SCHEMA: dict[str, Any] = {
         "resumes",
     ],
     "properties": {
-        "schema_version": {"type": "integer", "enum": [SCHEMA_VERSION]},
+        "schema_version": {"type": "integer", "enum": list(READABLE_VERSIONS)},
+        # the run's PrivacyPlan.to_dict() (version 2; null when non-private; absent in version 1,
+        # whose runs used Poisson sampling)
+        "plan": {"type": ["object", "null"],
+                 "properties": {"selection": {"type": "object", "required": ["kind", "sample_rate"]}}},
         "dptrain_version": {"type": "string"},
         "updated": {"type": "string"},
         "status": {"type": "string", "enum": list(STATUSES)},
@@ -209,24 +224,12 @@ LEDGER_SCHEMA: dict[str, Any] = {
 
 
 # ----------------------------------------------------------------------------- config hashing
-def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Flatten nested dicts to dotted keys: {"a": {"b": 1}} -> {"a.b": 1}."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(flatten_config(value, dotted + "."))
-        else:
-            flat[dotted] = value
-    return flat
-
-
 def _hashed_items(config: dict[str, Any]) -> dict[str, Any]:
     """The flattened config without the keys that may change on resume (RESUME_EXEMPT_KEYS)."""
     def exempt(key: str) -> bool:
         return any(key == k or key.startswith(k + ".") for k in RESUME_EXEMPT_KEYS)
 
-    return {k: v for k, v in flatten_config(config).items() if not exempt(k)}
+    return {k: v for k, v in flatten(config).items() if not exempt(k)}
 
 
 def config_hash(config: dict[str, Any]) -> str:
@@ -237,9 +240,10 @@ def config_hash(config: dict[str, Any]) -> str:
 
 def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Dotted keys whose values differ between two configs (hashed keys only; the old config's
-    RENAMED_KEYS under their new names), sorted."""
+    RENAMED_KEYS under their new names, its missing ADDED_KEYS at their old meaning), sorted."""
     a = {RENAMED_KEYS.get(k, k): v for k, v in json_safe(_hashed_items(old)).items()}
     b = json_safe(_hashed_items(new))
+    a.update({k: v for k, v in ADDED_KEYS.items() if k not in a and k in b})
     return sorted(k for k in set(a) | set(b) if a.get(k, "<missing>") != b.get(k, "<missing>"))
 
 
@@ -249,21 +253,30 @@ def same_config(recorded_hash: str, recorded: dict[str, Any], config: dict[str, 
     return recorded_hash == config_hash(config) or not config_differences(recorded, config)
 
 
-def epsilon_of(history: History, delta: float, accountant: str) -> float:
-    """Epsilon of `history` at `delta` under `accountant`; 0.0 for an empty history.
+def epsilon_of(history: History, delta: float, accountant: str,
+               sampling: str = "poisson") -> float:
+    """Epsilon of `history` at `delta` under `accountant` for batches selected by `sampling`
+    (poisson | shuffle); 0.0 for an empty history.
 
     Memoized (the ledger, the guard and the metrics ask for the same histories repeatedly).
     """
     if not history:
         return 0.0
     key = tuple((float(s), float(q), int(n)) for s, q, n in history)
-    return _cached_epsilon(key, float(delta), accountant)
+    return _cached_epsilon(key, float(delta), accountant, sampling)
 
 
 @functools.lru_cache(maxsize=4096)
 def _cached_epsilon(history: tuple[tuple[float, float, int], ...], delta: float,
-                    accountant: str) -> float:
-    return float(compute_epsilon(list(history), delta, accountant=accountant))
+                    accountant: str, sampling: str) -> float:
+    return float(compute_epsilon(list(history), delta, accountant=accountant, sampling=sampling))
+
+
+def ledger_sampling(data: dict[str, Any]) -> str:
+    """How a ledger's history is accounted: "shuffle" for a shuffled run's plan, else "poisson"
+    (a version-1 ledger's runs used Poisson sampling)."""
+    plan = data.get("plan") or {}
+    return "shuffle" if plan.get("selection", {}).get("kind") == "shuffle" else "poisson"
 
 
 def best_checkpoint_selection(checkpoint: str, validation_size: int) -> dict[str, Any]:
@@ -323,6 +336,7 @@ class PrivacyLedger:
         dataset_size: int,
         mechanism: dict[str, Any] | None,
         accountant: str | None,
+        plan: dict[str, Any] | None = None,
         target_epsilon: float | None,
         delta: float | None,
         validation_size: int = 0,
@@ -352,6 +366,7 @@ class PrivacyLedger:
                         "synthetic": bool(synthetic)},
             "model_selection": model_selection,
             "mechanism": mechanism,
+            "plan": plan,
             "accountant": accountant,
             "target": {"epsilon": target_epsilon, "delta": delta},
             "delta": delta,
@@ -500,7 +515,8 @@ class PrivacyLedger:
             self.data["epsilon"] = self._claim(history)
 
     def _claim(self, history: History) -> float:
-        return epsilon_of(history, self.data["delta"], self.data["accountant"])
+        return epsilon_of(history, self.data["delta"], self.data["accountant"],
+                          ledger_sampling(self.data))
 
     def _all_claims(self, history: History) -> dict[str, dict[str, Any]]:
         claims: dict[str, dict[str, Any]] = {}
@@ -508,7 +524,8 @@ class PrivacyLedger:
             try:
                 with warnings.catch_warnings():  # gdp warns it is approximate: labelled below
                     warnings.simplefilter("ignore", UserWarning)
-                    eps: float | None = epsilon_of(history, self.data["delta"], name)
+                    eps: float | None = epsilon_of(history, self.data["delta"], name,
+                                                   ledger_sampling(self.data))
                 error = None
             except (DPTrainError, ValueError, ArithmeticError) as err:  # does not apply here
                 eps, error = None, f"{type(err).__name__}: {err}"
@@ -566,7 +583,7 @@ def load_ledger(path: Path | str, check_records: bool = False) -> dict[str, Any]
         problems = consistency_errors(data)
     if problems:
         raise ConfigError(f"The privacy ledger {str(path)!r} does not match schema version "
-                          f"{SCHEMA_VERSION}: " + "; ".join(problems[:5]) + ". It was written by "
+                          f"{data.get('schema_version', SCHEMA_VERSION)}: " + "; ".join(problems[:5]) + ". It was written by "
                           "another dptrain version or edited by hand; it cannot be verified.")
     mismatches = records_beyond_history(path, data) if check_records else []
     if mismatches:
@@ -585,7 +602,8 @@ def records_beyond_history(path: Path | str, data: dict[str, Any]) -> list[str]:
     run_dir = path if path.is_dir() else path.parent
     history = history_from_json(data["history"])
     return record_mismatches(run_dir, data, history_steps(history),
-                             epsilon_of(history, data["delta"], data["accountant"]))
+                             epsilon_of(history, data["delta"], data["accountant"],
+                                        ledger_sampling(data)))
 
 
 @dataclass
@@ -627,7 +645,8 @@ def verify_ledger(path: Path | str, accountant: str | None = None,
     if name not in available_accountants():
         raise ConfigError(f"Unknown accountant {name!r} (--accountant); choose one of "
                           f"{available_accountants()}.")
-    recomputed = epsilon_of(history_from_json(data["history"]), data["delta"], name)
+    recomputed = epsilon_of(history_from_json(data["history"]), data["delta"], name,
+                            ledger_sampling(data))
     claimed = _claim_for(data, name)
     records = records_beyond_history(path, data)
     if claimed is None:
@@ -645,37 +664,33 @@ def verify_ledger(path: Path | str, accountant: str | None = None,
 
 # ----------------------------------------------------------------------------- a job's ledger
 def run_delta(job: TrainingJob) -> float | None:
-    """The delta epsilon is reported at: privacy.target_delta, else 1/(10 N) rounded down to a
-    power of ten (the CLI always sets target_delta by that rule); None when non-private."""
-    if job.engine is None:
-        return None
-    if job.privacy.target_delta is not None:
-        return float(job.privacy.target_delta)
-    return default_delta(job.dataset_size)
-
-
-def _accountant_name(job: TrainingJob) -> str:
-    """The name of the engine's accountant ("rdp" | "prv" | "gdp"), else the configured one."""
-    return str(getattr(job.engine.accountant, "name", job.privacy.accountant))
+    """The delta epsilon is reported at: the plan's (privacy.target_delta, else 1/(10 N) rounded
+    down, filled in by the plan); None when non-private."""
+    return None if job.engine is None else job.privacy.target_delta
 
 
 def mechanism(job: TrainingJob) -> dict[str, Any]:
-    """The ledger's description of the mechanism (DP-SGD with its sampling, clipping, noise)."""
-    p, opt = job.privacy, job.optimizer
+    """The ledger's summary of the mechanism (DP-SGD with its sampling, clipping, noise), read
+    off the plan; the full plan is recorded beside it (`plan`)."""
+    plan = job.privacy.plan
+    norm = plan.clipping.max_grad_norm
+    shuffled = plan.selection.kind == "shuffle"
     described: dict[str, Any] = {
         "algorithm": "DP-SGD",
-        "privacy_unit": PRIVACY_UNIT,
-        "sampling": "poisson" if p.poisson_sampling else "shuffle (no amplification proof)",
-        "clipping": p.clipping,
-        "max_grad_norm": float(getattr(opt, "max_grad_norm", p.max_grad_norm)),
+        "privacy_unit": SHUFFLE_PRIVACY_UNIT if shuffled else PRIVACY_UNIT,
+        "sampling": plan.selection.kind if plan.selection.kind != "given"
+        else "the caller's loader (no amplification proof)",
+        "amplified": plan.selection.amplified,
+        "clipping": plan.clipping.kind,
+        "max_grad_norm": list(norm) if isinstance(norm, tuple) else norm,
         "noise": "gaussian",
-        "noise_multiplier": float(getattr(opt, "noise_multiplier", p.noise_multiplier)),
-        "sample_rate": float(getattr(opt, "sample_rate", p.sample_rate)),
-        "expected_batch_size": getattr(opt, "expected_batch_size", None),
-        "secure_mode": bool(p.secure_mode),
+        "noise_multiplier": plan.noise.multiplier,
+        "sample_rate": plan.selection.sample_rate,
+        "expected_batch_size": plan.expected_batch_size(job.engine.dataset_size),  # q N: N units
+        "secure_mode": plan.secure,
         "randomness": job.engine.randomness(),
-        "grad_sample_mode": p.grad_sample_mode,
-        "noise_schedule": dict(p.noise_schedule),
+        "grad_sample_mode": job.privacy.performance.grad_sample_mode,
+        "noise_schedule": dict(plan.noise.schedule or {}),
     }
     if privacy_unit_of(job.engine) == "user":
         described.update(user_level_mechanism(job.engine))
@@ -734,7 +749,8 @@ def run_ledger(job: TrainingJob, settings: TrainSettings, run_dir: Path,
     return PrivacyLedger.create(
         run_dir, config=job.config, dataset_name=job.dataset_name,
         dataset_size=job.dataset_size, mechanism=mechanism(job) if private else None,
-        accountant=_accountant_name(job) if private else None,
+        accountant=job.privacy.plan.accountant if private else None,
+        plan=job.privacy.plan.to_dict() if private else None,
         target_epsilon=job.privacy.target_epsilon, delta=run_delta(job),
         validation_size=validation_size, private_preprocessing=job.private_preprocessing,
         model_selection=best_checkpoint_selection(best_checkpoint, validation_size)

@@ -1,7 +1,8 @@
 """The training loop: `train(job, settings) -> RunResult`.
 
-For each epoch the private loader is iterated (through `dptrain.BatchMemoryManager` when
-`settings.max_physical_batch_size` is set), each logical step is committed to the privacy ledger
+For each epoch the private loader is iterated, each logical batch is one explicit private step
+(dptrain.privacy.step: physical chunks of `settings.max_physical_batch_size`, clipped sum, noise,
+one optimizer step), each logical step is committed to the privacy ledger
 BEFORE its data is read and the budget guard stops before the step that would exceed the target
 epsilon (dptrain.train.budget), the model is evaluated every `eval_every` epochs and at the end
 (dptrain.train.evaluation), metrics go to the metric loggers (dptrain.train.loggers:
@@ -25,17 +26,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import math
-import random
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from dptrain.accounting.history import history_steps
-from dptrain.data.virtual import BatchMemoryManager
 from dptrain.errors import ConfigError, WriteError
 from dptrain.grad_sample.workspace import retain_freed_memory
 from dptrain.io import ensure_writable_dir
@@ -53,15 +51,21 @@ from dptrain.train.job import (
     TrainingJob,
     check_model_selection,
 )
-from dptrain.train.ledger import history_steps, refresh_layer_strategies, run_ledger
-from dptrain.train.loggers import (  # noqa: F401  (METRICS_FILENAME: where it was)
-    METRICS_FILENAME,
+from dptrain.train.ledger import (
+    history_steps,
+    ledger_sampling,
+    refresh_layer_strategies,
+    run_ledger,
+)
+from dptrain.train.loggers import (
     JsonlLogger,
     MetricLogger,
     MetricLoggers,
     learning_rates,
     with_run_record,
 )
+from dptrain.privacy.step import private_step
+from dptrain.randomness import seed_everything
 from dptrain.train.preemption import Preemption
 from dptrain.train.resume import Resumer, resume_on_every_rank
 from dptrain.train.run_lock import hold_run_folder
@@ -69,28 +73,6 @@ from dptrain.train.settings import TrainSettings
 
 # The system errors of storage that cannot take more bytes: disk full, quota reached.
 FULL_STORAGE = (errno.ENOSPC, errno.EDQUOT)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed torch (CPU and CUDA), numpy and python's `random`."""
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
-
-
-class _Started:
-    """An already created iterator with the loader's length, to hand to BatchMemoryManager."""
-
-    def __init__(self, iterator: Iterator[Any], length: int | None) -> None:
-        self.iterator, self.length = iterator, length
-
-    def __iter__(self) -> Iterator[Any]:
-        return self.iterator
-
-    def __len__(self) -> int:
-        if self.length is None:
-            raise TypeError("the training loader has no length")
-        return self.length
 
 
 class Trainer:
@@ -104,7 +86,8 @@ class Trainer:
         private = job.engine is not None
         self.ledger = run_ledger(job, settings, run_dir, f"{ckpt.CHECKPOINT_DIRNAME}/{BEST}")
         guard = BudgetGuard(job.privacy.target_epsilon if private else None,
-                            self.ledger.data["delta"], self.ledger.data["accountant"])
+                            self.ledger.data["delta"], self.ledger.data["accountant"],
+                            ledger_sampling(self.ledger.data))
         self.spend = PrivacySpend(job, self.ledger, guard, self.pos)
         self.checkpointer = Checkpointer(job, run_dir, self.pos, self.spend, self.ledger,
                                          settings.keep_checkpoints)
@@ -177,10 +160,8 @@ class Trainer:
         self._epoch_started = time.monotonic()
         if pos.steps_in_epoch == 0:
             self.checkpointer.mark_epoch_start()
-        logical = _Started(self._epoch_iterator(), per_epoch)
-        with self.display.epoch(pos.epoch, self.settings.epochs, per_epoch), \
-                self._physical_batches(logical) as batches:
-            finished = self._run_steps(iter(batches), left, tally)
+        with self.display.epoch(pos.epoch, self.settings.epochs, per_epoch):
+            finished = self._run_steps(self._epoch_iterator(), left, tally)
         if finished or (per_epoch is not None and pos.steps_in_epoch >= per_epoch):
             pos.epoch += 1
             pos.steps_in_epoch = 0
@@ -193,49 +174,52 @@ class Trainer:
                 f"{pos.steps_in_epoch}{of} steps)", record, time.monotonic() - self._epoch_started)
 
     def _run_steps(self, batches: Iterator[Any], left: float, tally: Tally) -> bool:
-        """Logical steps until the epoch ends (True), or max_steps / budget stops it (False)."""
+        """Logical steps until the epoch ends (True), or max_steps / budget stops it (False).
+
+        Each logical batch is one step (`_step`): committed to the ledger before it runs."""
         pos, spend = self.pos, self.spend
-        in_step = False
         done = 0
-        start = (tally.loss_sum, tally.samples)   # the tally before the current step
-        while True:
-            if not in_step:
-                if done >= left:
-                    return True
-                if self.settings.stop_requested(pos) or self.preemption.requested():
-                    return False
-                steps_left = min(left - done, spend.steps_left(self.settings.max_steps))
-                if not spend.ensure_committed(steps_left):
-                    pos.stopped_at_budget = True
-                    return False
-                start = (tally.loss_sum, tally.samples)
+        while done < left:
+            if self.settings.stop_requested(pos) or self.preemption.requested():
+                return False
+            steps_left = min(left - done, spend.steps_left(self.settings.max_steps))
+            if not spend.ensure_committed(steps_left):
+                pos.stopped_at_budget = True
+                return False
+            start = (tally.loss_sum, tally.samples)
             batch = next(batches, None)
             if batch is None:
                 return True
-            in_step = True
-            self._physical_step(batch, tally)
-            steps = spend.steps()
-            if steps > pos.step:
-                pos.step, in_step = steps, False
-                pos.steps_in_epoch += 1
-                done += 1
-                self.display.advance(tally, self.spend.epsilon)
-                self._log_step(tally, start)
+            self._step(batch, tally)
+            pos.step += 1
+            pos.steps_in_epoch += 1
+            done += 1
+            self.display.advance(tally, self.spend.epsilon)
+            self._log_step(tally, start)
+        return True
 
-    def _physical_step(self, batch: Any, tally: Tally) -> None:
-        """Forward/backward of one physical batch, then `optimizer.step()`."""
+    def _step(self, batch: Any, tally: Tally) -> None:
+        """One logical step: the private step (dptrain.privacy.step: chunks, clipped sum, noise,
+        one optimizer step), or plain gradient accumulation over chunks without privacy."""
         job = self.job
-        job.optimizer.zero_grad(set_to_none=True)  # keeps a skipped chunk's clipped sum
-        x, y = to_device(batch, job.device)
         chunk = self.settings.max_physical_batch_size
-        if self.spend.private or not chunk or x.shape[0] <= chunk:
+        if self.spend.private:
+            def forward_backward(part: Any) -> int:
+                x, y = to_device(part, job.device)
+                self._forward_backward(x, y, tally, weight=1.0)
+                return int(x.shape[0])
+
+            private_step(job.optimizer, batch, chunk, forward_backward)
+            return
+        job.optimizer.zero_grad(set_to_none=True)
+        x, y = to_device(batch, job.device)
+        if not chunk or x.shape[0] <= chunk:
             self._forward_backward(x, y, tally, weight=1.0)
         else:  # non-private gradient accumulation over chunks of the logical batch
             for xs, ys in zip(x.split(chunk), y.split(chunk)):
                 self._forward_backward(xs, ys, tally, weight=xs.shape[0] / x.shape[0])
         job.optimizer.step()
-        if not self.spend.private:
-            self.spend.nonprivate_steps += 1
+        self.spend.nonprivate_steps += 1
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor, tally: Tally,
                           weight: float) -> None:
@@ -267,17 +251,6 @@ class Trainer:
         if forward is not None:
             self.checkpointer.restore_random_state(forward, "resume")
         return iterator
-
-    @contextlib.contextmanager
-    def _physical_batches(self, logical: Iterable[Any]) -> Iterator[Iterable[Any]]:
-        """The batches to train on: through BatchMemoryManager for a private job with chunks."""
-        size = self.settings.max_physical_batch_size
-        if not self.spend.private or not size:
-            yield logical
-            return
-        with BatchMemoryManager(data_loader=logical, max_physical_batch_size=size,
-                                optimizer=self.job.optimizer) as loader:
-            yield loader
 
     # -- epoch ends ----------------------------------------------------------------------------
     def _end_of_epoch(self, tally: Tally) -> None:

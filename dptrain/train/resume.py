@@ -18,6 +18,7 @@ from typing import Any
 from dptrain.accounting.history import history_from_json, history_steps, merge_history, steps_after
 from dptrain.distributed.consistency import check_same_on_every_rank
 from dptrain.distributed.runtime import is_main_process
+from dptrain.privacy.plan import PrivacyPlan
 from dptrain.errors import BudgetExhaustedError, ConfigError, PrivacyError
 from dptrain.train import checkpoint as ckpt
 from dptrain.train.budget import PrivacySpend
@@ -63,6 +64,7 @@ class Resumer:
         previous = self._previous_ledger()
         if previous is not None:
             self._refuse_other_run(previous, path)
+            self._refuse_other_plan(previous)
         elif self.settings.resume:
             self._refuse_without_ledger()
         state = None
@@ -145,6 +147,28 @@ class Resumer:
                 f"different config; differing keys: {shown or '(hash only)'}. Continue it with "
                 f"the same config, or use a new folder ({setting_name('hydra.run.dir')}). "
                 "Nothing was changed.")
+
+    def _refuse_other_plan(self, previous: dict[str, Any]) -> None:
+        """ConfigError when the ledger's plan (schema version 2) is not this job's, or when the
+        run shuffles its batches: its accounting charges each example once per epoch of one
+        shuffle, which a resumed process drawing a new shuffle (or retaking charged steps)
+        would break."""
+        plan = self.job.privacy.plan
+        if plan is None or previous.get("plan") is None:
+            return  # non-private, or a version-1 ledger (its config was compared)
+        differences = PrivacyPlan.from_dict(previous["plan"]).differences(plan)
+        if differences:
+            raise ConfigError(
+                f"The run folder {str(self.run_dir)!r} holds the privacy ledger of a run with "
+                f"another privacy plan ({'; '.join(differences[:5])}). Continue it with the same "
+                "privacy settings, or use a new folder (hydra.run.dir). Nothing was changed.")
+        if plan.selection.kind == "shuffle":
+            raise ConfigError(
+                f"The run in {str(self.run_dir)!r} shuffles its batches (privacy.sampling="
+                "shuffle): its epsilon charges each example once per epoch of one shuffle, and a "
+                "resumed process would draw a new shuffle mid-epoch or retake charged steps, "
+                "which that accounting does not cover. Start a new run in a new folder, or use "
+                "privacy.sampling=poisson for runs that must resume. Nothing was changed.")
 
     def _refuse_without_ledger(self) -> None:
         """ConfigError when a resume is asked in a folder that holds an earlier run's files

@@ -121,7 +121,7 @@ def test_a_noise_multiplier_in_an_epsilon_config_is_refused_not_calibrated_over(
 
 def test_a_target_epsilon_with_a_given_sigma_becomes_the_budget_guards_target(tmp_path):
     job, _ = build_job(compose_config("privacy=sigma", "+privacy.target_epsilon=2.0"), tmp_path)
-    assert (job.privacy.noise_multiplier, job.privacy.target_epsilon) == (1.0, 2.0)
+    assert (job.privacy.plan.noise.multiplier, job.privacy.target_epsilon) == (1.0, 2.0)
 
 
 def test_a_given_sigma_without_target_epsilon_has_no_budget_cap(tmp_path):
@@ -225,3 +225,25 @@ def test_real_data_or_a_run_without_max_steps_evaluates_the_whole_test_split(tmp
     whole = _test_size(tmp_path / "a", "dataset.synthetic=true", "train.batch_size=64")
     assert whole == 355
     assert _test_size(tmp_path / "b", "train.max_steps=2", "train.batch_size=64") == whole
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (("privacy.sampling=cyclic",), "privacy.sampling"),
+    (("privacy.sampling=poisson", "privacy.poisson_sampling=false"), "privacy.sampling alone"),
+])
+def test_an_unusable_batch_selection_is_refused_naming_its_key(overrides, words, tmp_path):
+    with pytest.raises(ConfigError, match=words):
+        build_job(compose_config("privacy=sigma", *overrides), tmp_path)
+
+
+def test_privacy_epsilon_with_shuffled_batches_calibrates_sigma_with_the_shuffled_accounting(
+        tmp_path):
+    from dptrain.accounting.shuffle import shuffle_epsilon
+
+    job, settings = build_job(compose_config("privacy=epsilon", "privacy.sampling=shuffle",
+                                             "privacy.target_epsilon=8"), tmp_path)
+    plan = job.privacy.plan
+    steps = settings.epochs * plan.selection.steps_per_epoch
+    spent = shuffle_epsilon([(plan.noise.multiplier, plan.selection.sample_rate, steps)],
+                            plan.delta)
+    assert plan.selection.kind == "shuffle" and 8 - 0.01 <= spent <= 8

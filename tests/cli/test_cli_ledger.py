@@ -65,3 +65,23 @@ def test_a_consistently_shortened_ledger_is_a_mismatch_naming_every_record_beyon
                      "metrics.jsonl line 4", "result.json"]
     assert "result.json: step 48, epsilon" in rows[0]["records"][-1]
     assert all("> history: 24 steps" in record for record in rows[0]["records"])
+
+
+@pytest.mark.parametrize("override", ["privacy.sampling=shuffle", "privacy.poisson_sampling=false"])
+def test_a_shuffled_run_trains_records_its_plan_and_verifies(
+        override: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from dptrain.accounting.shuffle import shuffle_epsilon
+    from dptrain_runner import run_in_process
+
+    code, _, err = run_in_process(["privacy=sigma", override, "train.epochs=2", "hardware=cpu",
+                                   "hydra.run.dir=run", *QUIET], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    ledger = read_json(tmp_path / "run" / "privacy_ledger.json")
+    assert (ledger["schema_version"], ledger["plan"]["selection"]["kind"],
+            ledger["mechanism"]["sampling"]) == (2, "shuffle", "shuffle")
+    assert "substitution" in ledger["mechanism"]["privacy_unit"]
+    run = ledger["history"][0]
+    assert float(ledger["epsilon"]) == shuffle_epsilon(
+        [(run["noise_multiplier"], run["sample_rate"], run["steps"])], ledger["delta"])
+    assert ledger_main([str(tmp_path / "run")]) == 0

@@ -121,3 +121,12 @@ def test_without_delta_or_dataset_size_the_command_asks_for_delta():
     proc = run_cli("epsilon", "--sigma", "1.1", "--sample-rate", "0.004", "--steps", "1000")
     assert proc.returncode == 2
     assert "give --delta" in proc.stderr and "--dataset-size" in proc.stderr
+
+
+def test_a_shuffled_plan_is_answered_with_the_composed_gaussian_under_every_accountant(capsys):
+    from dptrain.accounting.shuffle import shuffle_epsilon
+
+    assert main(["epsilon", "--sigma", "1.0", "--batch-size", "100", "--dataset-size", "1000",
+                 "--epochs", "3", "--sampling", "shuffle", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert {row["epsilon"] for row in rows} == {shuffle_epsilon([(1.0, 0.1, 30)], 1e-4)}

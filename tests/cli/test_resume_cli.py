@@ -46,6 +46,17 @@ def test_dptrain_refuses_to_resume_with_another_config(
     assert (tmp_path / "run" / "privacy_ledger.json").read_bytes() == before
 
 
+def test_a_shuffled_run_is_not_resumed_its_accounting_needs_one_shuffle_per_epoch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _dptrain(["hydra.run.dir=run", "train.max_steps=3", "privacy.sampling=shuffle"], tmp_path,
+             monkeypatch, capsys)
+    before = (tmp_path / "run" / "privacy_ledger.json").read_bytes()
+    code, _, err = run_in_process([*RUN, "hydra.run.dir=run", "train.resume=auto",
+                                   "privacy.sampling=shuffle"], tmp_path, monkeypatch, capsys)
+    assert code != 0 and "privacy.sampling=shuffle" in err
+    assert (tmp_path / "run" / "privacy_ledger.json").read_bytes() == before
+
+
 def test_resuming_a_finished_run_from_an_older_checkpoint_with_fewer_steps_keeps_every_step_charged(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     finished = ["privacy=sigma", "train.epochs=3", "hardware=cpu", "hydra.run.dir=run", *QUIET,

@@ -92,12 +92,8 @@ def make_job(private: bool = True, seed: int = 0, noise_multiplier: float = 1.0,
             module=model, optimizer=optimizer, data_loader=loader,
             noise_multiplier=noise_multiplier, max_grad_norm=1.0, poisson_sampling=True,
             noise_generator=noise, **(engine_kwargs or {}))
-    privacy = PrivacySettings(enabled=private, accountant=accountant,
-                              noise_multiplier=noise_multiplier if private else None,
-                              max_grad_norm=1.0 if private else None,
-                              sample_rate=q if private else None, target_epsilon=target_epsilon,
-                              target_delta=1e-5 if private else None,
-                              noise_schedule=noise_schedule or {}, secure_mode=secure)
+    privacy = (PrivacySettings.of_engine(engine, target_epsilon=target_epsilon, target_delta=1e-5)
+               if private else PrivacySettings(enabled=False))
     return TrainingJob(model=model, optimizer=optimizer, train_loader=loader,
                        test_loader=test_loader, loss_fn=loss_fn or nn.CrossEntropyLoss(),
                        device=torch.device("cpu"), engine=engine, privacy=privacy,

@@ -30,10 +30,10 @@ import torch
 
 from dptrain.data.datasets.base import ArrayDataset, DatasetSplits, download_failed, require_files
 from dptrain.errors import ConfigError
+from dptrain.losses import IGNORE_INDEX
 from dptrain.models.hf import pack_inputs
 from dptrain.models.hf_config import TASKS
 
-IGNORE_INDEX = -100
 CLASSIFICATION, CAUSAL_LM = TASKS
 READERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 MAX_LISTED = 10  # column names quoted in an error

@@ -1,0 +1,284 @@
+"""The privacy plan: one frozen, validated description of a run's mechanism.
+
+A run's privacy is decided by its plan: who is protected (`Unit`), how batches are selected
+(`Selection`: Poisson or shuffle, with the sample rate q), how contributions are bounded
+(`Clipping`), what noise is added (`Noise`), how it is charged (`accountant`, `delta`) and where
+the random draws come from (`randomness`). The CLI builds one from its typed config, the Python
+API from `make_private`'s keyword arguments; the engine builds the mechanism from it, the ledger
+records `to_dict()` and a resume compares `from_dict()` of the recorded one.
+
+Settings that change only speed or memory (`PerformanceSettings`: grad-sample mode, physical
+batch size, precision) are kept apart: two runs differing only there spend the same privacy.
+
+    plan = PrivacyPlan(selection=Selection(sample_rate=0.01), clipping=Clipping(max_grad_norm=1.0),
+                       noise=Noise(multiplier=1.1), accountant="prv", delta=1e-5)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from dptrain.accounting.calibration import get_noise_multiplier
+from dptrain.accounting.history import steps_per_epoch
+from dptrain.accounting.registry import accountant_class
+from dptrain.checks import (
+    check_delta,
+    check_epsilon,
+    check_max_grad_norm,
+    check_noise_multiplier,
+    check_sample_rate,
+    default_delta,
+    one_of,
+)
+from dptrain.data.user_sampling import check_max_examples_per_user
+from dptrain.errors import ConfigError, PrivacyError
+from dptrain.privacy.clipping import CLIPPING_MODES
+from dptrain.privacy.user_level import PRIVACY_UNITS as UNITS
+
+# Who epsilon protects (UNITS): "example" (datasets differing in one training example) or
+# "user" (in all the examples of one user: dptrain.privacy.user_level).
+# How batches are selected: "poisson" (each example joins each batch with probability q,
+# amplified accounting) or "shuffle" (fixed-size batches of a fresh shuffle each epoch,
+# accounted without amplification: dptrain.accounting.shuffle). "given": the Python caller's own
+# loader (make_private(poisson_sampling=False, allow_non_poisson=True)), accounted as if Poisson:
+# NOT a guarantee (the engine warns; the CLI never builds one).
+SELECTIONS = ("poisson", "shuffle", "given")
+RANDOMNESS = ("os_entropy", "secure", "reproducible")
+GRAD_SAMPLE_MODES = ("hooks", "ghost")
+PRECISIONS = ("fp32", "bf16")
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Unit:
+    """The privacy unit: what two neighbouring datasets differ in; for "user", the most
+    examples one sampled user contributes to a batch (None: all of them). The user of each
+    example is data, given to make_private (`user_ids`), not part of the plan."""
+
+    kind: str = "example"
+    max_examples_per_user: int | None = None
+
+    def __post_init__(self) -> None:
+        one_of(*UNITS).check(self.kind, "privacy.unit")
+        check_max_examples_per_user(self.max_examples_per_user, "privacy.max_examples_per_user")
+        if self.kind == "example" and self.max_examples_per_user is not None:
+            raise ConfigError("privacy.max_examples_per_user is only used with privacy.unit=user: "
+                              "set privacy.unit=user, or drop it.")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Batch selection: `kind` (poisson | shuffle) and q, each example's share of a batch.
+
+    Poisson: q is each example's inclusion probability (expected batch size q N). Shuffle: the
+    batch size is round(q N) and every example is in exactly one batch per epoch. An epoch is
+    `steps_per_epoch` = ceil(1 / q) steps for both. `schedule` (Poisson only) varies q by step.
+    """
+
+    sample_rate: float
+    kind: str = "poisson"
+    schedule: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        one_of(*SELECTIONS).check(self.kind, "privacy.sampling")
+        object.__setattr__(self, "sample_rate", check_sample_rate(self.sample_rate))
+        if self.schedule is not None and self.kind == "shuffle":
+            raise ConfigError(f"a sample_rate_schedule needs privacy.sampling=poisson: {self.kind} "
+                              "batches have a fixed size for the whole run. Drop the schedule.")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Steps in one epoch: ceil(1 / q) (the sampler's, the trainer's and the planner's)."""
+        return steps_per_epoch(self.sample_rate)
+
+    @property
+    def accounting(self) -> str:
+        """How its steps are accounted (dptrain.accounting.get_accountant's `sampling`):
+        "shuffle", or "poisson" (a caller's own loader, "given", too: no guarantee)."""
+        return "shuffle" if self.kind == "shuffle" else "poisson"
+
+    @property
+    def amplified(self) -> bool:
+        """Whether the accounting uses amplification by subsampling (Poisson only)."""
+        return self.kind == "poisson"
+
+
+@dataclass(frozen=True)
+class Clipping:
+    """How each unit's contribution is bounded: flat | per_layer | adaptive, and C (a float, or
+    one bound per parameter for per_layer); adaptive clipping's own parameters."""
+
+    max_grad_norm: float | tuple[float, ...] = 1.0
+    kind: str = "flat"
+    target_unclipped_quantile: float = 0.5
+    clipbound_learning_rate: float = 0.2
+    count_noise_std: float | None = None
+
+    def __post_init__(self) -> None:
+        one_of(*CLIPPING_MODES).check(self.kind, "privacy.clipping")
+        norm = check_max_grad_norm(self.max_grad_norm, "max_grad_norm",
+                                   per_layer=self.kind == "per_layer")
+        object.__setattr__(self, "max_grad_norm", tuple(norm) if isinstance(norm, list) else norm)
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The Gaussian noise: `multiplier` sigma (std in units of C), or None until calibrated to
+    `target_epsilon`; with a given sigma, `target_epsilon` is a budget cap (None: no cap).
+    `schedule` varies sigma by step (a given sigma only); `calibrated` says sigma was computed."""
+
+    multiplier: float | None = None
+    target_epsilon: float | None = None
+    schedule: Mapping[str, Any] | None = None
+    calibrated: bool = False
+
+    def __post_init__(self) -> None:
+        if self.multiplier is None and self.target_epsilon is None:
+            raise PrivacyError("the plan needs a noise multiplier or a target epsilon: pass "
+                               "noise_multiplier=1.0 or target_epsilon=3.0 (privacy=sigma or "
+                               "privacy=epsilon on the command line).")
+        if self.multiplier is not None:
+            object.__setattr__(self, "multiplier", check_noise_multiplier(self.multiplier))
+        if self.target_epsilon is not None:
+            object.__setattr__(self, "target_epsilon",
+                               check_epsilon(self.target_epsilon, "target_epsilon", target=True))
+        if self.schedule is not None and (self.multiplier is None or self.calibrated):
+            raise ConfigError("a noise schedule needs a given noise multiplier (privacy=sigma): "
+                              "calibrating sigma to a target epsilon assumes a constant sigma.")
+
+
+@dataclass(frozen=True)
+class PerformanceSettings:
+    """How the mechanism is computed, never what it is: per-sample gradient mode (hooks |
+    ghost), the physical batch size (None: the whole logical batch) and the precision."""
+
+    grad_sample_mode: str = "hooks"
+    max_physical_batch_size: int | None = None
+    precision: str = "fp32"
+
+    def __post_init__(self) -> None:
+        one_of(*GRAD_SAMPLE_MODES).check(self.grad_sample_mode, "grad_sample_mode")
+        one_of(*PRECISIONS).check(self.precision, "precision")
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """The whole mechanism of a private run, validated once (see the module docstring).
+
+    `delta` None means the default 1/(10 N) rounded down (`with_dataset` fills it in).
+    """
+
+    selection: Selection
+    clipping: Clipping
+    noise: Noise
+    accountant: str = "prv"
+    delta: float | None = None
+    randomness: str = "os_entropy"
+    unit: Unit = field(default_factory=Unit)
+
+    def __post_init__(self) -> None:
+        accountant_class(self.accountant)   # PrivacyError naming the accountant
+        one_of(*RANDOMNESS).check(self.randomness, "randomness")
+        if self.delta is not None:
+            object.__setattr__(self, "delta", check_delta(self.delta, "target_delta"))
+        if self.unit.kind == "user" and self.selection.kind != "poisson":
+            raise ConfigError("privacy.unit=user samples users with Poisson sampling: "
+                              f"privacy.sampling={self.selection.kind} (or poisson_sampling=false) "
+                              "is not supported with it. Use privacy.sampling=poisson.")
+        if self.selection.kind == "shuffle" and self.clipping.kind == "adaptive":
+            raise ConfigError("clipping=adaptive needs sampling=poisson: its clipped count is "
+                              "accounted as a Poisson-sampled query. Use clipping=flat or "
+                              "per_layer with shuffled batches.")
+
+    # -- derived values ------------------------------------------------------------------------
+    @property
+    def secure(self) -> bool:
+        """Every random draw from the OS CSPRNG."""
+        return self.randomness == "secure"
+
+    @property
+    def reproducible(self) -> bool:
+        """Noise and sampling seeded from a known seed (an opt-in: no guarantee if it is known)."""
+        return self.randomness == "reproducible"
+
+    def expected_batch_size(self, num_examples: int) -> float:
+        """q N, the public denominator of the averaged noisy gradient (examples)."""
+        return self.selection.sample_rate * num_examples
+
+    # -- building a resolved plan --------------------------------------------------------------
+    def with_dataset(self, num_examples: int) -> PrivacyPlan:
+        """The plan with its delta filled in for N = `num_examples` (`default_delta`)."""
+        if self.delta is not None:
+            return self
+        return dataclasses.replace(self, delta=default_delta(num_examples))
+
+    def with_noise_multiplier(self, sigma: float) -> PrivacyPlan:
+        """The plan with sigma calibrated to its target epsilon."""
+        return dataclasses.replace(self, noise=dataclasses.replace(
+            self.noise, multiplier=sigma, calibrated=True))
+
+    # -- the ledger's form ---------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON values (tuples as lists), read back by `from_dict`."""
+        out = dataclasses.asdict(self)
+        out["version"] = PLAN_VERSION
+        norm = self.clipping.max_grad_norm
+        out["clipping"]["max_grad_norm"] = list(norm) if isinstance(norm, tuple) else norm
+        for part in ("selection", "noise"):
+            schedule = out[part]["schedule"]
+            out[part]["schedule"] = None if schedule is None else dict(schedule)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PrivacyPlan:
+        """The plan `to_dict` wrote; ConfigError naming the part that cannot be read."""
+        try:
+            clipping = dict(data["clipping"])
+            if isinstance(clipping.get("max_grad_norm"), list):
+                clipping["max_grad_norm"] = tuple(clipping["max_grad_norm"])
+            return cls(selection=Selection(**data["selection"]), clipping=Clipping(**clipping),
+                       noise=Noise(**data["noise"]), accountant=data["accountant"],
+                       delta=data["delta"], randomness=data["randomness"],
+                       unit=Unit(**data.get("unit", {})))
+        except (KeyError, TypeError) as error:
+            raise ConfigError(f"a recorded privacy plan cannot be read ({type(error).__name__}: "
+                              f"{error}): it was written by another dptrain version or edited "
+                              "by hand.") from error
+
+    def differences(self, other: PrivacyPlan) -> list[str]:
+        """'key: mine != theirs' for every leaf where two plans differ ([] when the same)."""
+        mine, theirs = _leaves(self.to_dict()), _leaves(other.to_dict())
+        return [f"{key}: {mine.get(key)!r} != {theirs.get(key)!r}"
+                for key in sorted(set(mine) | set(theirs))
+                if not _same(mine.get(key), theirs.get(key))]
+
+
+def calibrated(plan: PrivacyPlan, epochs: float, tolerance: float = 0.01) -> PrivacyPlan:
+    """`plan` with the smallest sigma whose `epochs` epochs spend at most its target epsilon at
+    its delta (the plan's accountant and selection); UnreachableEpsilonError when none does."""
+    sigma = get_noise_multiplier(target_epsilon=plan.noise.target_epsilon,
+                                 target_delta=plan.delta, sample_rate=plan.selection.sample_rate,
+                                 epochs=epochs, accountant=plan.accountant,
+                                 epsilon_tolerance=tolerance, sampling=plan.selection.accounting)
+    return plan.with_noise_multiplier(sigma)
+
+
+def _leaves(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"part.field": value} of a nested plan dict."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping) and key != "schedule":
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values, floats compared to a relative 1e-12 (a JSON round trip)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-12)
+    return a == b
