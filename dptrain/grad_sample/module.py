@@ -326,6 +326,8 @@ class GradSampleModule(nn.Module):
         self._hooks_enabled = False
         self._capture_paused = False
         self._passes_started = 0
+        self._eval_pass_with_grad = False   # a forward in eval mode with gradients on, since the
+                                            # last training-mode forward (nothing captured)
         self._pass: Optional[ForwardPass] = None
         self._model_depth = 0  # nesting of the wrapped model's forward calls (0: outside)
         self._provenance: Optional[BatchProvenance] = None  # active during a pass's forward
@@ -358,6 +360,8 @@ class GradSampleModule(nn.Module):
             return
         if self._model_depth == 0:
             self._passes_started += 1
+            self._eval_pass_with_grad = not model.training and (
+                self._eval_pass_with_grad or torch.is_grad_enabled())
             with bookkeeping():
                 batch = pass_batch_size(model, args, kwargs, self.batch_first)
             self._pass = ForwardPass(id=self._passes_started, batch=batch, backwards_before=self._rows.completed)
@@ -741,11 +745,20 @@ class GradSampleModule(nn.Module):
             sums[p] = weighted_sample_sum(gs.reshape(batch, -1), w).view(p.shape)
         return sums
 
+    def refuse_uncaptured_gradients(self) -> None:
+        """For a step that found no per-sample gradients: raise UnsupportedModuleError when the
+        model is in eval mode and gradients came from a forward run in it (nothing was
+        captured), rather than let the step treat the batch as empty and release noise alone.
+        Stale gradients of an earlier step with no forward since are no error."""
+        if self._eval_pass_with_grad and not self._module.training:
+            self._refuse_eval_mode([name for name, p in self.trainable_parameters()
+                                    if p.grad is not None])
+
     def _refuse_eval_mode(self, missing: list[str]) -> None:
         """When the gradients of `missing` arrived uncaptured because the whole model is in eval
         mode: say so and how to fix it (the step would otherwise drop them and release noise
         alone)."""
-        if not self._module.training:
+        if missing and not self._module.training:
             raise UnsupportedModuleError(
                 f"Parameters {missing} received a gradient but no per-sample gradient: the model "
                 "is in eval mode (model.eval(), or Hugging Face's from_pretrained, which returns "

@@ -220,9 +220,11 @@ class DPOptimizer(Optimizer):
         """
         source = self.module
         if source.per_sample_batch_size() == 0:
-            # an empty Poisson batch, or nothing captured although a backward ran (a model in
-            # eval mode: its gradients would be dropped and the step would release noise alone)
-            source.check_complete()
+            # an empty Poisson batch, or a model left in eval mode: nothing was captured, and
+            # its gradients would be dropped while the step released noise alone
+            refuse = getattr(source, "refuse_uncaptured_gradients", None)
+            if refuse is not None:
+                refuse()
             self._clear_per_sample()
             return
         if self._earlier_rows_pending or self._earlier_sum_pending:
