@@ -221,9 +221,33 @@ def test_causal_lm_on_a_classification_dataset_is_refused(refused) -> None:
 
 
 # ----------------------------------------------------------------------------- recipes
-RECIPES = {"sst2_roberta_full_eps3": "roberta", "sst2_roberta_full_eps8": "roberta",
-           "sst2_roberta_lora_eps3": "roberta", "sst2_roberta_lora_eps8": "roberta",
-           "sst2_roberta_lora": "roberta", "e2e_gpt2_eps3": "gpt2", "e2e_gpt2_eps8": "gpt2"}
+#: the tiny stand-in (tests/hf_tiny.py, same architecture and tokenizer format) of each hub model
+STAND_INS = {"roberta-base": "roberta", "gpt2": "gpt2"}
+
+
+def _hf_recipes() -> dict[str, str]:
+    """recipe -> its model's hub id, for every recipe of dptrain/conf/recipe that uses model=hf."""
+    from hydra import compose, initialize_config_module
+
+    import dptrain.conf
+
+    names = sorted(p.stem for p in (Path(dptrain.conf.__file__).parent / "recipe").glob("*.yaml"))
+    found = {}
+    with initialize_config_module("dptrain.conf", version_base="1.3"):
+        for name in names:
+            model = compose("config", overrides=[f"+recipe={name}"]).model
+            if model.get("_target_") == "dptrain.models.hf.build_hf_model":
+                found[name] = str(model.name_or_path)
+    return found
+
+
+HF_RECIPES = _hf_recipes()
+RECIPES = {name: STAND_INS.get(hub_id, hub_id) for name, hub_id in HF_RECIPES.items()}
+
+
+def test_every_hf_recipe_has_a_tiny_stand_in() -> None:
+    assert len(RECIPES) >= 7 and set(RECIPES.values()) <= set(STAND_INS.values()), \
+        f"add a tiny model of the same architecture to tests/hf_tiny.py for {HF_RECIPES}"
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
@@ -248,7 +272,8 @@ def test_every_recipe_trains_a_few_steps_on_a_tiny_model_and_synthetic_data(
                                     "hardware=cpu", f"hydra.run.dir={run_dir}"],
                             monkeypatch, capsys)
     assert code == 0, err
-    assert read_json(run_dir / "result.json")["steps"] == 2
+    result, ledger = read_json(run_dir / "result.json"), read_json(run_dir / "privacy_ledger.json")
+    assert result["steps"] == 2 and ledger["epsilon"] == pytest.approx(result["epsilon"])
     assert (run_dir / "model_hf").is_dir()
 
 
