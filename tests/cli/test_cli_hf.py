@@ -8,6 +8,7 @@ LoRA, in hooks and ghost mode. Each configuration runs once (module fixture) in 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +166,53 @@ def test_full_release_loads_with_from_pretrained_and_gives_the_trained_logits(
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids, attention_mask=mask).logits,
                                    trained(pack_inputs(ids, mask)))
+
+
+# ----------------------------------------------------------------------------- 16-bit training
+#: precision name -> (its overrides, the dtype of the weights trained and released)
+SIXTEEN_BIT = {"bf16_weights": (["model.dtype=bfloat16"], torch.bfloat16),
+               "bf16_autocast": (["hardware.precision=bf16"], torch.float32)}
+
+
+@pytest.mark.parametrize("precision", sorted(SIXTEEN_BIT))
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+def test_16_bit_training_runs_two_private_steps_through_the_command(
+        files: Path, kind: str, mode: str, precision: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture) -> None:
+    """Weights in bf16 (model.dtype) or bf16 autocast over fp32 weights (hardware.precision):
+    two steps charged to the ledger as in fp32, finite test metrics, and the released weights
+    trained, in the dtype they were trained in."""
+    overrides, dtype = SIXTEEN_BIT[precision]
+    run_dir = files / "sixteen_bit" / f"{kind}_{mode}_{precision}"
+    code, _, err = _dptrain(files, ["model=hf", f"model.name_or_path=./{kind}", *_data_args(kind),
+                                    "dataset.max_len=24", f"privacy.grad_sample_mode={mode}",
+                                    "train.max_steps=2", f"train.batch_size={BATCH}",
+                                    "train.max_physical_batch_size=5", "optimizer=adam",
+                                    *overrides, f"hydra.run.dir={run_dir}"], monkeypatch, capsys)
+    assert code == 0, err
+    ledger, result = read_json(run_dir / "privacy_ledger.json"), read_json(run_dir / "result.json")
+    history = [(h["noise_multiplier"], h["sample_rate"], h["steps"]) for h in ledger["history"]]
+    assert result["status"] == ledger["status"] == "completed" and result["steps"] == 2
+    assert sum(steps for *_, steps in history) == 2
+    assert ledger["epsilon"] == pytest.approx(compute_epsilon(history, ledger["delta"],
+                                                              ledger["accountant"]), rel=1e-9)
+    metric = result["test_perplexity" if kind == "gpt2" else "test_accuracy"]
+    assert metric is not None and math.isfinite(metric)
+    released = torch.load(run_dir / "model.pt", weights_only=True)
+    start = _built(files, kind, dtype).state_dict()
+    assert {t.dtype for t in released.values()} == {dtype}
+    assert any(not torch.equal(released[name], start[name]) for name in start)
+
+
+def _built(files: Path, kind: str, dtype: torch.dtype) -> Any:
+    """The HFModel of the tiny `kind` folder as the command builds it, weights in `dtype`."""
+    from dptrain.models.hf import build_hf_model
+
+    gpt2 = kind == "gpt2"
+    return build_hf_model(str(files / kind), task="causal_lm" if gpt2 else "sequence_classification",
+                          pad_token="<|endoftext|>" if gpt2 else None,
+                          dtype=str(dtype).removeprefix("torch."))
 
 
 # ----------------------------------------------------------------------------- bad input
