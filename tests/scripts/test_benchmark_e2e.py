@@ -184,6 +184,9 @@ def test_bf16_precisions_put_the_weights_or_the_compute_in_bfloat16() -> None:
     assert linear.weight.dtype == torch.float32 and same_pool is pool and out.dtype == torch.float32
     expected = F.linear(x.bfloat16(), linear.weight.bfloat16(), linear.bias.bfloat16()).float()
     assert torch.equal(out.detach(), expected.detach())
+    with _bench_methods.building_at("bf16_weights"):  # created in bf16, no float32 copy first
+        built = torch.nn.Linear(4, 3)
+    assert built.weight.dtype == torch.bfloat16 and torch.get_default_dtype() == torch.float32
 
 
 def test_the_precision_option_trains_every_dp_method_at_that_precision(bench, tmp_path) -> None:
