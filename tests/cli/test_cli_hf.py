@@ -1,8 +1,10 @@
 """`dptrain model=hf`: pretrained models fine-tuned through the real command, offline.
 
-Tiny random-init BERT and GPT-2 models with word-level tokenizers are saved with save_pretrained
+Tiny random-init BERT, RoBERTa and GPT-2 models with tokenizers in the real formats (GPT-2's:
+no pad token, `<|endoftext|>` its unknown, begin and end token) are saved with save_pretrained
 to a temporary folder (tests/hf_tiny.py) and trained on CSV files written here, fully and with
-LoRA, in hooks and ghost mode. Each configuration runs once (module fixture) in this process.
+LoRA, in hooks and ghost mode, in float32 and 16 bits; every recipe that uses model=hf trains two
+steps on them. Each configuration runs once (module fixture) in this process.
 """
 
 from __future__ import annotations
