@@ -35,7 +35,7 @@ the layer rules and each layer's ghost/instantiate choice are printed and saved 
 ``--precision bf16_weights`` (weights in bfloat16, as ``model.dtype=bfloat16``) or
 ``--precision bf16_autocast`` (fp32 weights under bf16 autocast, as ``hardware.precision=bf16``)
 trains every configuration at that precision; run once per precision (``--out`` apart) to
-compare with fp32 (docs/transformers.md, "16-bit training")::
+compare with fp32 (docs/transformers.md, "16-bit training: time and memory (CPU)")::
 
     python scripts/benchmark_e2e.py --models bert_base gpt2_small --batch-sizes 8 \
         --methods plain dptrain_hooks dptrain_ghost --epochs 2 --steps-per-epoch 2 \
