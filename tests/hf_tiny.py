@@ -126,20 +126,20 @@ def build_tokenizer(folder: Path, kind: str, pad: bool = False) -> Any:
 def _model(kind: str, tokenizer: Any, dropout: float) -> Any:
     """A random-init model of `kind` over the tokenizer's vocabulary, every dropout `dropout`."""
     t = transformers
-    size = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+    tokens = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     if kind == "gpt2":
         return t.GPT2LMHeadModel(t.GPT2Config(
             n_embd=WIDTH, n_layer=LAYERS, n_head=HEADS, n_positions=MAX_POSITIONS,
-            resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, **size))
+            resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, **tokens))
     if kind == "llama":
         return t.LlamaForCausalLM(t.LlamaConfig(
             hidden_size=WIDTH, intermediate_size=2 * WIDTH, num_hidden_layers=LAYERS,
             num_attention_heads=HEADS, num_key_value_heads=HEADS,
-            max_position_embeddings=MAX_POSITIONS, attention_dropout=dropout, **size))
+            max_position_embeddings=MAX_POSITIONS, attention_dropout=dropout, **tokens))
     common = dict(hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                   intermediate_size=2 * WIDTH, num_labels=2, hidden_dropout_prob=dropout,
-                  attention_probs_dropout_prob=dropout, **size)
+                  attention_probs_dropout_prob=dropout, **tokens)
     if kind == "roberta":  # positions start after the pad id
         return t.RobertaForSequenceClassification(
             t.RobertaConfig(max_position_embeddings=MAX_POSITIONS + 2, **common))
