@@ -197,6 +197,9 @@ def test_16_bit_training_runs_two_private_steps_through_the_command(
     history = [(h["noise_multiplier"], h["sample_rate"], h["steps"]) for h in ledger["history"]]
     assert result["status"] == ledger["status"] == "completed" and result["steps"] == 2
     assert sum(steps for *_, steps in history) == 2
+    setting, value = overrides[0].split("=")
+    section, key = setting.split(".")
+    assert ledger["config"][section][key] == value             # the ledger says the precision
     assert ledger["epsilon"] == pytest.approx(compute_epsilon(history, ledger["delta"],
                                                               ledger["accountant"]), rel=1e-9)
     metric = result["test_perplexity" if kind == "gpt2" else "test_accuracy"]
