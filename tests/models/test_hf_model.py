@@ -204,7 +204,8 @@ def test_a_pad_token_outside_the_vocabulary_is_refused_naming_the_end_token(
         load_tokenizer(str(folders[kind]), pad_token="<pad>")
 
 
-def _encoded(tokenizer: object, task: str, texts: list[str], max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _encoded(tokenizer: object, task: str, texts: list[str], max_len: int
+             ) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs `[B, 2 max_len]`, labels) as the text datasets make them: class 1 for each text,
     or the causal LM rows `[bos] text [eos]` with their labels."""
     from dptrain.data.datasets.text import encode_causal_lm, encode_classification
@@ -237,7 +238,8 @@ def test_padding_is_out_of_an_examples_loss_and_gradient(folders: dict[str, Path
     length = int(mask[0].sum())
     assert length < int(mask[1].sum())                 # example 0 is padded within the batch
     alone_x, alone_y = _encoded(model.tokenizer, task, texts[:1], length)
-    assert int(unpack_inputs(alone_x)[1].sum()) == length and torch.equal(alone_x[0, :length], ids[0, :length])
+    assert int(unpack_inputs(alone_x)[1].sum()) == length               # alone: no padding
+    assert torch.equal(alone_x[0, :length], ids[0, :length])
     if task == "causal_lm":  # pad == end token: only the mask tells the real end from padding
         assert int(ids[0, length]) == int(ids[0, length - 1]) == model.tokenizer.eos_token_id
         assert int(y[0, length - 1]) == model.tokenizer.eos_token_id and int(y[0, length]) == -100
