@@ -6,9 +6,10 @@ batches of exactly B samples (fixed batches stand in for Poisson sampling: timin
 A method builder returns a ``Step``: ``step(x, y)`` runs forward, backward and the update.
 """
 
+import contextlib
 import importlib.util
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,8 @@ Step = Callable[[torch.Tensor, torch.Tensor], None]
 #: Methods in table order: baselines first, then dptrain's modes, then Opacus's.
 METHODS = ("plain", "microbatch", "dptrain_hooks", "dptrain_ghost", "opacus_hooks", "opacus_ghost")
 LEARNING_RATE = 0.05
+#: Weight and compute precisions (``apply_precision``); fp32 is the default.
+PRECISIONS = ("fp32", "bf16_weights", "bf16_autocast")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,50 @@ class SequenceCrossEntropy(nn.Module):
         per_token = F.cross_entropy(logits.flatten(0, -2), target.flatten(), reduction="none")
         per_sample = per_token.view(target.shape[0], -1).mean(dim=1)
         return per_sample if self.reduction == "none" else per_sample.mean()
+
+
+class Autocast(nn.Module):
+    """``model`` run under bf16 autocast, the logits back in float32: what the trainer does with
+    ``hardware.precision=bf16`` (forward and loss under autocast, whose cross-entropy is taken
+    in float32; fp32 weights; backward and update outside)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
+            return self.model(x).float()
+
+
+@contextlib.contextmanager
+def building_at(precision: str) -> Iterator[None]:
+    """Models built inside are created in bfloat16 with ``bf16_weights`` (as ``from_pretrained``
+    loads them with ``dtype=bfloat16``: no float32 copy is made, then freed, whose heap memory
+    later steps would reuse unseen by the peak-memory meter); unchanged otherwise."""
+    if precision != "bf16_weights":
+        yield
+        return
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def apply_precision(precision: str, model: nn.Module, pool: list) -> tuple[nn.Module, list]:
+    """``model`` and its batch ``pool`` at ``precision`` (one of :data:`PRECISIONS`): unchanged
+    (``fp32``), weights and float inputs in bfloat16 (``bf16_weights``: ``model.dtype=bfloat16``),
+    or fp32 weights under bf16 autocast (``bf16_autocast``: ``hardware.precision=bf16``)."""
+    if precision == "bf16_weights":
+        pool = [(x.to(torch.bfloat16) if x.is_floating_point() else x, y) for x, y in pool]
+        return model.to(torch.bfloat16), pool
+    if precision == "bf16_autocast":
+        return Autocast(model), pool
+    if precision != "fp32":
+        raise ValueError(f"precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    return model, pool
 
 
 def unavailable_reason(method: str) -> str | None:

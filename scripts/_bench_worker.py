@@ -32,7 +32,7 @@ import torch
 
 from _bench_data import batch_pool, build_model
 from _bench_memory import current_rss_bytes, peak_rss_bytes, reset_peak_rss
-from _bench_methods import Privacy, adapt_model, build_step
+from _bench_methods import Privacy, adapt_model, apply_precision, build_step, building_at
 from dptrain.grad_sample.workspace import retain_freed_memory
 
 MIB = 2**20
@@ -54,6 +54,7 @@ class Config:
     memory_limit_mb: float | None = None
     seed: int = 0
     model_kwargs: dict = field(default_factory=dict)  # e.g. {"layers": 2} for a shortened HF model
+    precision: str = "fp32"  # fp32 | bf16_weights | bf16_autocast (_bench_methods.apply_precision)
 
 
 @dataclass
@@ -137,9 +138,11 @@ def measure(config: Config, report: Callable[[Measurement], None]) -> Measuremen
         torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
     elif limit is not None:
         start_rss_watchdog(limit, report)
-    model = build_model(config.model, **config.model_kwargs)
+    with building_at(config.precision):
+        model = build_model(config.model, **config.model_kwargs)
     model = adapt_model(config.method, model).to(device)
     pool = batch_pool(config.model, config.batch_size, device, config.seed)
+    model, pool = apply_precision(config.precision, model, pool)
     privacy = Privacy(config.noise_multiplier, config.max_grad_norm)
     step = build_step(config.method, model, pool, privacy)
     meter = MemoryMeter(device)

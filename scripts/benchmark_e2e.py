@@ -31,6 +31,15 @@ the layer rules and each layer's ghost/instantiate choice are printed and saved 
     python scripts/benchmark_e2e.py --models bert_base bert_base_lora gpt2_small gpt2_small_lora \
         --batch-sizes 8 --methods plain dptrain_hooks dptrain_ghost opacus_hooks opacus_ghost \
         --epochs 2 --steps-per-epoch 2 --hf-layers 2
+
+``--precision bf16_weights`` (weights in bfloat16, as ``model.dtype=bfloat16``) or
+``--precision bf16_autocast`` (fp32 weights under bf16 autocast, as ``hardware.precision=bf16``)
+trains every configuration at that precision; run once per precision (``--out`` apart) to
+compare with fp32 (docs/transformers.md, "16-bit training: time and memory (CPU)")::
+
+    python scripts/benchmark_e2e.py --models bert_base gpt2_small --batch-sizes 8 \
+        --methods plain dptrain_hooks dptrain_ghost --epochs 2 --steps-per-epoch 2 \
+        --hf-layers 2 --precision bf16_weights --out benchmark_results/bf16_weights
 """
 
 import argparse
@@ -54,7 +63,7 @@ from rich.console import Console  # noqa: E402
 
 from _bench_data import DATASETS, Workload, workload  # noqa: E402
 from _bench_hf import HF_MODELS, layer_choices  # noqa: E402
-from _bench_methods import METHODS, unavailable_reason  # noqa: E402
+from _bench_methods import METHODS, PRECISIONS, unavailable_reason  # noqa: E402
 from _bench_plots import (  # noqa: E402
     MATPLOTLIB_MISSING, cumulative_figure, default_cumulative_batch, finished_records,
     matplotlib_available, runtime_figure,
@@ -91,6 +100,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="batch size of the cumulative-runtime figure (default: closest to 256)")
     p.add_argument("--hf-layers", type=int, default=12,
                    help="transformer blocks of the Hugging Face models (BERT-base, GPT-2 small: 12)")
+    p.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help="bf16_weights: weights (and float inputs) in bfloat16, as model.dtype="
+                        "bfloat16; bf16_autocast: fp32 weights under bf16 autocast, as "
+                        "hardware.precision=bf16")
     p.add_argument("--out", type=Path, default=Path("benchmark_results"), help="output folder")
     args = p.parse_args(argv)
     if min(args.batch_sizes) < 1 or args.epochs < 1 or args.steps_per_epoch < 0:
@@ -208,6 +221,7 @@ def _run_one(args: argparse.Namespace, work: Workload, method: str, failed_at: d
         noise_multiplier=args.noise_multiplier, max_grad_norm=args.max_grad_norm,
         memory_limit_mb=args.memory_limit_mb,
         model_kwargs={"layers": args.hf_layers} if work.model in HF_MODELS else {},
+        precision=args.precision,
     )
     status, times, memory, error = run_config(config, args.timeout_s)
     if status in FAILED:
@@ -285,7 +299,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         signal.signal(signal.SIGTERM, previous)
     document = write_outputs(args, records, console, hf_layer_choices(args, console))
-    label = f"{args.device}, {args.threads} threads, {args.steps_per_epoch or 'full'} steps/epoch"
+    label = (f"{args.device}, {args.precision}, {args.threads} threads, "
+             f"{args.steps_per_epoch or 'full'} steps/epoch")
     console.print(rich_table(records, f"End-to-end DP-SGD epoch time ({label})"))
     console.print(summary_table(records, "Time multiples (< 1: dptrain faster)"))
     skipped = document["skipped_figures"]

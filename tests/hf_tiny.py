@@ -1,17 +1,33 @@
-"""Tiny random-init Hugging Face models and word-level tokenizers saved to a folder (no tests here).
+"""Tiny random-init Hugging Face models with tokenizers in the real formats, saved to a folder
+(no tests here).
 
 `save_tiny(folder, kind)` writes what `save_pretrained` writes for a real checkpoint (config,
-weights, tokenizer), so the code under test loads it exactly as it would load `roberta-base` or
-`gpt2` from the hub, with no download. Kinds: "bert", "roberta" (sequence classifiers, [CLS] ...
-[SEP] added by the tokenizer), "gpt2" (causal LM; its tokenizer has an end-of-text token and,
-like GPT-2's, no pad token unless `pad=True`). The vocabulary is the words of `WORDS` (which
-include the synthetic sentences' words), so no test text is unknown.
+weights, tokenizer), so the code under test loads it exactly as it would load `roberta-base`,
+`gpt2` or a Llama from the hub, with no download. Each tokenizer is the real class built from
+the real kind of vocabulary files, small, with the real special-token layout:
+
+* "bert": `BertTokenizerFast` from a WordPiece vocab.txt; [PAD] [UNK] [CLS] [SEP] [MASK];
+  a sequence classifier.
+* "roberta": `RobertaTokenizerFast` from a byte-level BPE vocab.json + merges.txt; <s> <pad> </s>
+  <unk> first, <mask> last; a sequence classifier (positions start after the pad id).
+* "gpt2": `GPT2TokenizerFast` from a byte-level BPE vocab.json + merges.txt whose one special
+  token, `<|endoftext|>` (the last id), is the unknown, begin and end token, and no pad token
+  (`pad=True`: `<|endoftext|>` saved as the pad token too, as `tokenizer.pad_token =
+  tokenizer.eos_token` then `save_pretrained` does); a causal LM.
+* "llama": `LlamaTokenizerFast` from a byte-fallback BPE (`▁` for spaces) with <unk> <s> </s>
+  (ids 0, 1, 2) and the 256 byte tokens, <s> added in front of each text, no pad token; a causal LM.
+
+The BPE vocabularies are trained with the `tokenizers` library on the words of `WORDS` (which
+include the synthetic sentences' words), so every such word is one token, with or without a
+space in front, and no test text is unknown.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,46 +38,108 @@ tokenizers = pytest.importorskip("tokenizers")
 pytest.importorskip("peft")
 
 WORDS = tuple(dict.fromkeys([*SYNTHETIC_WORDS, "i", "liked", "it", "hated", "this", "not",
-                             "name", "eattype", "pub", "area", "is", "in", "serves"]))
+                             "name", "eattype", "pub", "area", "is", "in", "serves", "and"]))
 WIDTH, LAYERS, HEADS, MAX_POSITIONS = 16, 2, 2, 64
-KINDS = ("bert", "roberta", "gpt2")
+KINDS = ("bert", "roberta", "gpt2", "llama")
+CAUSAL_KINDS = ("gpt2", "llama")
+GPT2_END = "<|endoftext|>"
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+ROBERTA_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]
+LLAMA_SPECIALS = ["<unk>", "<s>", "</s>", *(f"<0x{byte:02X}>" for byte in range(256))]
 
 
-def _tokenizer(kind: str, pad: bool) -> object:
-    """A word-level PreTrainedTokenizerFast over WORDS with the kind's special tokens."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-
-    if kind == "gpt2":
-        specials = ["<|endoftext|>", "<unk>"] + (["<pad>"] if pad else [])
-    else:
-        specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
-    vocab = {token: i for i, token in enumerate([*specials, *WORDS])}
-    unk = "<unk>" if kind == "gpt2" else "[UNK]"
-    core = Tokenizer(models.WordLevel(vocab, unk_token=unk))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    if kind == "gpt2":
-        named = dict(bos_token="<|endoftext|>", eos_token="<|endoftext|>", unk_token=unk)
-        if pad:
-            named["pad_token"] = "<pad>"
-    else:
-        core.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
-        named = dict(pad_token="[PAD]", unk_token=unk, cls_token="[CLS]", sep_token="[SEP]")
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=core, **named)
+# ----------------------------------------------------------------------------- vocabularies
+def _corpus() -> list[str]:
+    """Each word alone (no space in front) and all words in two lines, forwards and backwards
+    (so that each has a space in front once)."""
+    return [*WORDS, " ".join(WORDS), " ".join(reversed(WORDS))]
 
 
-def _model(kind: str, vocab_size: int, pad_id: int | None, dropout: float) -> object:
-    """A random-init model of `kind` over `vocab_size` tokens, every dropout `dropout`."""
+def _trained_bpe(pre_tokenizer: Any, specials: list[str], **bpe: Any) -> tuple[dict[str, int], list[str]]:
+    """(vocab, merges "a b") of a BPE trained on `_corpus()` until every word is one token,
+    `specials` first, then the initial alphabet and the merged tokens."""
+    from tokenizers import Tokenizer, models, trainers
+
+    core = Tokenizer(models.BPE(**bpe))
+    core.pre_tokenizer = pre_tokenizer
+    alphabet = pre_tokenizer.alphabet() if hasattr(pre_tokenizer, "alphabet") else []
+    core.train_from_iterator(_corpus(), trainers.BpeTrainer(
+        vocab_size=100_000, min_frequency=1, special_tokens=specials, initial_alphabet=alphabet,
+        show_progress=False))
+    model = json.loads(core.to_str())["model"]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    return dict(model["vocab"]), merges
+
+
+def _write_bpe_files(folder: Path, vocab: dict[str, int], merges: list[str]) -> tuple[str, str]:
+    """vocab.json and merges.txt (GPT-2's format) in `folder`; their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    return str(folder / "vocab.json"), str(folder / "merges.txt")
+
+
+def byte_level_tokenizer(folder: Path, kind: str) -> Any:
+    """GPT-2's (`kind="gpt2"`) or RoBERTa's tokenizer from vocab.json + merges.txt in `folder`."""
+    from tokenizers import pre_tokenizers
+
+    specials = ROBERTA_SPECIALS if kind == "roberta" else []
+    vocab, merges = _trained_bpe(pre_tokenizers.ByteLevel(add_prefix_space=False), specials)
+    last = GPT2_END if kind == "gpt2" else "<mask>"
+    vocab[last] = len(vocab)
+    files = _write_bpe_files(folder, vocab, merges)
+    if kind == "gpt2":  # unk = bos = eos = <|endoftext|>, no pad: the class's defaults
+        return transformers.GPT2TokenizerFast(*files)
+    return transformers.RobertaTokenizerFast(*files)
+
+
+def bert_tokenizer(folder: Path) -> Any:
+    """BERT's uncased WordPiece tokenizer from a vocab.txt in `folder`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join([*BERT_SPECIALS, *WORDS]) + "\n", encoding="utf-8")
+    return transformers.BertTokenizerFast(str(folder / "vocab.txt"))
+
+
+def llama_tokenizer() -> Any:
+    """Llama's tokenizer (byte-fallback BPE, <s> in front of each text) over a trained vocabulary."""
+    from tokenizers import pre_tokenizers
+
+    vocab, merges = _trained_bpe(pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first"),
+                                 LLAMA_SPECIALS, unk_token="<unk>", byte_fallback=True)
+    return transformers.LlamaTokenizerFast(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges],
+                                           add_bos_token=True, add_eos_token=False)
+
+
+def build_tokenizer(folder: Path, kind: str, pad: bool = False) -> Any:
+    """The tokenizer of `kind` (its vocabulary files written to `folder` where it has some)."""
+    if kind == "bert":
+        return bert_tokenizer(folder)
+    if kind == "llama":
+        return llama_tokenizer()
+    tokenizer = byte_level_tokenizer(folder, kind)
+    if kind == "gpt2" and pad:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+# ----------------------------------------------------------------------------- models
+def _model(kind: str, tokenizer: Any, dropout: float) -> Any:
+    """A random-init model of `kind` over the tokenizer's vocabulary, every dropout `dropout`."""
     t = transformers
+    tokens = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     if kind == "gpt2":
-        config = t.GPT2Config(vocab_size=vocab_size, n_embd=WIDTH, n_layer=LAYERS, n_head=HEADS,
-                              n_positions=MAX_POSITIONS, bos_token_id=0, eos_token_id=0,
-                              pad_token_id=pad_id, resid_pdrop=dropout, embd_pdrop=dropout,
-                              attn_pdrop=dropout)
-        return t.GPT2LMHeadModel(config)
-    common = dict(vocab_size=vocab_size, hidden_size=WIDTH, num_hidden_layers=LAYERS,
-                  num_attention_heads=HEADS, intermediate_size=2 * WIDTH, pad_token_id=pad_id,
-                  num_labels=2, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+        return t.GPT2LMHeadModel(t.GPT2Config(
+            n_embd=WIDTH, n_layer=LAYERS, n_head=HEADS, n_positions=MAX_POSITIONS,
+            resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, **tokens))
+    if kind == "llama":
+        return t.LlamaForCausalLM(t.LlamaConfig(
+            hidden_size=WIDTH, intermediate_size=2 * WIDTH, num_hidden_layers=LAYERS,
+            num_attention_heads=HEADS, num_key_value_heads=HEADS,
+            max_position_embeddings=MAX_POSITIONS, attention_dropout=dropout, **tokens))
+    common = dict(hidden_size=WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                  intermediate_size=2 * WIDTH, num_labels=2, hidden_dropout_prob=dropout,
+                  attention_probs_dropout_prob=dropout, **tokens)
     if kind == "roberta":  # positions start after the pad id
         return t.RobertaForSequenceClassification(
             t.RobertaConfig(max_position_embeddings=MAX_POSITIONS + 2, **common))
@@ -69,17 +147,19 @@ def _model(kind: str, vocab_size: int, pad_id: int | None, dropout: float) -> ob
 
 
 def save_tiny(folder: Path, kind: str, pad: bool = False, seed: int = 0, dropout: float = 0.1) -> Path:
-    """A tiny random-init `kind` model and its tokenizer saved in `folder`; returns `folder`.
-    `dropout=0` for a deterministic training forward (per-sample gradient checks)."""
+    """A tiny random-init `kind` model (one of KINDS) and its tokenizer saved in `folder`;
+    returns `folder`. `dropout=0` for a deterministic training forward (per-sample gradient
+    checks)."""
     import torch
 
     torch.manual_seed(seed)
-    tokenizer = _tokenizer(kind, pad)
-    _model(kind, len(tokenizer), tokenizer.pad_token_id, dropout).save_pretrained(folder)
+    tokenizer = build_tokenizer(Path(folder), kind, pad)
+    _model(kind, tokenizer, dropout).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return folder
+    return Path(folder)
 
 
+# ----------------------------------------------------------------------------- data files
 def write_csv(path: Path, rows: list[dict[str, object]]) -> Path:
     """`rows` (dicts with the same keys) as a CSV file with a header line."""
     with open(path, "w", newline="", encoding="utf-8") as handle:

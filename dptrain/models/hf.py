@@ -124,14 +124,19 @@ def load_tokenizer(name_or_path: str, *, download: bool = False, pad_token: str 
     """The tokenizer of `name_or_path` with a pad token, padding on the right.
 
     `pad_token` (e.g. GPT-2's `<|endoftext|>`) replaces the tokenizer's own, and must already be
-    in its vocabulary (a new token would need a new embedding row). Raises ConfigError for a
-    tokenizer without a pad token, saying how to set one.
+    in its vocabulary (a new token would need a new embedding row). It may be a token with
+    another role too: GPT-2's `<|endoftext|>` is its unknown, begin and end token at once, and a
+    Llama's `</s>` its end token. Padding is told apart by the attention mask, never by the
+    token id, so a real end token keeps its loss. Raises ConfigError for a tokenizer without a
+    pad token, saying how to set one.
     """
     transformers = _import_hf()
     tokenizer = from_pretrained(transformers.AutoTokenizer.from_pretrained, name_or_path,
                                 download=download, key=key, what="the tokenizer")
     if pad_token is not None:
-        if tokenizer.convert_tokens_to_ids(pad_token) in (None, tokenizer.unk_token_id):
+        # the vocabulary itself: an unknown token's id is the unknown token's (GPT-2: the end
+        # token's), so the id alone cannot tell a token of the vocabulary from an unknown one
+        if pad_token not in tokenizer.get_vocab():
             raise ConfigError(
                 f"model.pad_token={pad_token!r} is not a token of the tokenizer of {key}="
                 f"{name_or_path}: choose one of its tokens, e.g. its end-of-text token "

@@ -1,13 +1,16 @@
 """`dptrain model=hf`: pretrained models fine-tuned through the real command, offline.
 
-Tiny random-init BERT and GPT-2 models with word-level tokenizers are saved with save_pretrained
+Tiny random-init BERT, RoBERTa and GPT-2 models with tokenizers in the real formats (GPT-2's:
+no pad token, `<|endoftext|>` its unknown, begin and end token) are saved with save_pretrained
 to a temporary folder (tests/hf_tiny.py) and trained on CSV files written here, fully and with
-LoRA, in hooks and ghost mode. Each configuration runs once (module fixture) in this process.
+LoRA, in hooks and ghost mode, in float32 and 16 bits; every recipe that uses model=hf trains two
+steps on them. Each configuration runs once (module fixture) in this process.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +170,56 @@ def test_full_release_loads_with_from_pretrained_and_gives_the_trained_logits(
                                    trained(pack_inputs(ids, mask)))
 
 
+# ----------------------------------------------------------------------------- 16-bit training
+#: precision name -> (its overrides, the dtype of the weights trained and released)
+SIXTEEN_BIT = {"bf16_weights": (["model.dtype=bfloat16"], torch.bfloat16),
+               "bf16_autocast": (["hardware.precision=bf16"], torch.float32)}
+
+
+@pytest.mark.parametrize("precision", sorted(SIXTEEN_BIT))
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+def test_16_bit_training_runs_two_private_steps_through_the_command(
+        files: Path, kind: str, mode: str, precision: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture) -> None:
+    """Weights in bf16 (model.dtype) or bf16 autocast over fp32 weights (hardware.precision):
+    two steps charged to the ledger as in fp32, finite test metrics, and the released weights
+    trained, in the dtype they were trained in."""
+    overrides, dtype = SIXTEEN_BIT[precision]
+    run_dir = files / "sixteen_bit" / f"{kind}_{mode}_{precision}"
+    code, _, err = _dptrain(files, ["model=hf", f"model.name_or_path=./{kind}", *_data_args(kind),
+                                    "dataset.max_len=24", f"privacy.grad_sample_mode={mode}",
+                                    "train.max_steps=2", f"train.batch_size={BATCH}",
+                                    "train.max_physical_batch_size=5", "optimizer=adam",
+                                    *overrides, f"hydra.run.dir={run_dir}"], monkeypatch, capsys)
+    assert code == 0, err
+    ledger, result = read_json(run_dir / "privacy_ledger.json"), read_json(run_dir / "result.json")
+    history = [(h["noise_multiplier"], h["sample_rate"], h["steps"]) for h in ledger["history"]]
+    assert result["status"] == ledger["status"] == "completed" and result["steps"] == 2
+    assert sum(steps for *_, steps in history) == 2
+    setting, value = overrides[0].split("=")
+    section, key = setting.split(".")
+    assert ledger["config"][section][key] == value             # the ledger says the precision
+    assert ledger["epsilon"] == pytest.approx(compute_epsilon(history, ledger["delta"],
+                                                              ledger["accountant"]), rel=1e-9)
+    metric = result["test_perplexity" if kind == "gpt2" else "test_accuracy"]
+    assert metric is not None and math.isfinite(metric)
+    released = torch.load(run_dir / "model.pt", weights_only=True)
+    start = _built(files, kind, dtype).state_dict()
+    assert {t.dtype for t in released.values()} == {dtype}
+    assert any(not torch.equal(released[name], start[name]) for name in start)
+
+
+def _built(files: Path, kind: str, dtype: torch.dtype) -> Any:
+    """The HFModel of the tiny `kind` folder as the command builds it, weights in `dtype`."""
+    from dptrain.models.hf import build_hf_model
+
+    gpt2 = kind == "gpt2"
+    return build_hf_model(str(files / kind), task="causal_lm" if gpt2 else "sequence_classification",
+                          pad_token="<|endoftext|>" if gpt2 else None,
+                          dtype=str(dtype).removeprefix("torch."))
+
+
 # ----------------------------------------------------------------------------- bad input
 @pytest.fixture
 def refused(files: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture):
@@ -235,9 +288,33 @@ def test_causal_lm_on_a_classification_dataset_is_refused(refused) -> None:
 
 
 # ----------------------------------------------------------------------------- recipes
-RECIPES = {"sst2_roberta_full_eps3": "roberta", "sst2_roberta_full_eps8": "roberta",
-           "sst2_roberta_lora_eps3": "roberta", "sst2_roberta_lora_eps8": "roberta",
-           "sst2_roberta_lora": "roberta", "e2e_gpt2_eps3": "gpt2", "e2e_gpt2_eps8": "gpt2"}
+#: the tiny stand-in (tests/hf_tiny.py, same architecture and tokenizer format) of each hub model
+STAND_INS = {"roberta-base": "roberta", "gpt2": "gpt2"}
+
+
+def _hf_recipes() -> dict[str, str]:
+    """recipe -> its model's hub id, for every recipe of dptrain/conf/recipe that uses model=hf."""
+    from hydra import compose, initialize_config_module
+
+    import dptrain.conf
+
+    names = sorted(p.stem for p in (Path(dptrain.conf.__file__).parent / "recipe").glob("*.yaml"))
+    found = {}
+    with initialize_config_module("dptrain.conf", version_base="1.3"):
+        for name in names:
+            model = compose("config", overrides=[f"+recipe={name}"]).model
+            if model.get("_target_") == "dptrain.models.hf.build_hf_model":
+                found[name] = str(model.name_or_path)
+    return found
+
+
+HF_RECIPES = _hf_recipes()
+RECIPES = {name: STAND_INS.get(hub_id, hub_id) for name, hub_id in HF_RECIPES.items()}
+
+
+def test_every_hf_recipe_has_a_tiny_stand_in() -> None:
+    assert len(RECIPES) >= 7 and set(RECIPES.values()) <= set(STAND_INS.values()), \
+        f"add a tiny model of the same architecture to tests/hf_tiny.py for {HF_RECIPES}"
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
@@ -262,7 +339,8 @@ def test_every_recipe_trains_a_few_steps_on_a_tiny_model_and_synthetic_data(
                                     "hardware=cpu", f"hydra.run.dir={run_dir}"],
                             monkeypatch, capsys)
     assert code == 0, err
-    assert read_json(run_dir / "result.json")["steps"] == 2
+    result, ledger = read_json(run_dir / "result.json"), read_json(run_dir / "privacy_ledger.json")
+    assert result["steps"] == 2 and ledger["epsilon"] == pytest.approx(result["epsilon"])
     assert (run_dir / "model_hf").is_dir()
 
 

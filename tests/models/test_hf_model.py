@@ -5,30 +5,35 @@ Tiny random-init models saved with save_pretrained (tests/hf_tiny.py) stand in f
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
 from dptrain.errors import ConfigError
-from dptrain.losses import token_loss
+from dptrain.losses import per_sample_token_losses, token_loss
 from dptrain.models.hf import (
     CausalLMLoss,
     HFModel,
     build_hf_model,
     check_task,
+    load_tokenizer,
+    loss_for_task,
     pack_inputs,
     unpack_inputs,
 )
-from tests.hf_tiny import save_tiny
+from tests.hf_tiny import CAUSAL_KINDS, KINDS, save_tiny
 
 GPT2_PAD = "<|endoftext|>"
+#: the pad token of each kind: its own (BERT, RoBERTa), else its end token (as users set it)
+PAD_TOKENS = {"bert": None, "roberta": None, "gpt2": "<|endoftext|>", "llama": "</s>"}
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hf")
-    return {kind: save_tiny(root / kind, kind, dropout=0.0) for kind in ("bert", "gpt2")}
+    return {kind: save_tiny(root / kind, kind, dropout=0.0) for kind in KINDS}
 
 
 def _batch(model: HFModel, texts: list[str], max_len: int) -> torch.Tensor:
@@ -176,3 +181,74 @@ def test_a_batch_of_two_full_length_texts_keeps_its_batch_dimension(folders: dic
     assert int(unpack_inputs(x)[1].sum(dim=1).min()) == 6  # no padding: nothing is cut
     wrapped = GradSampleModule(model)
     assert wrapped(x).shape[:2] == (2, 6)
+
+
+# ----------------------------------------------------------------------------- tokenizer conventions
+def test_the_real_gpt2_layout_loads_with_the_pad_token_dptrain_suggests(folders: dict[str, Path]) -> None:
+    """GPT-2's one special token <|endoftext|> is its unknown, begin and end token, and it has no
+    pad token: the pad token the refusal suggests must then be accepted."""
+    with pytest.raises(ConfigError) as refusal:
+        load_tokenizer(str(folders["gpt2"]))
+    suggested = re.search(r'model\.pad_token="([^"]+)"', str(refusal.value)).group(1)
+    tokenizer = load_tokenizer(str(folders["gpt2"]), pad_token=suggested)
+    assert suggested == GPT2_PAD
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id == tokenizer.unk_token_id
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_a_pad_token_outside_the_vocabulary_is_refused_naming_the_end_token(
+        folders: dict[str, Path], kind: str) -> None:
+    end = "<|endoftext|>" if kind == "gpt2" else "</s>"
+    with pytest.raises(ConfigError, match=rf"model.pad_token='<pad>' is not a token .* its "
+                                          rf"end-of-text token '{re.escape(end)}'"):
+        load_tokenizer(str(folders[kind]), pad_token="<pad>")
+
+
+def _encoded(tokenizer: object, task: str, texts: list[str], max_len: int
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs `[B, 2 max_len]`, labels) as the text datasets make them: class 1 for each text,
+    or the causal LM rows `[bos] text [eos]` with their labels."""
+    from dptrain.data.datasets.text import encode_causal_lm, encode_classification
+
+    if task == "causal_lm":
+        x, y = encode_causal_lm(tokenizer, [(None, text) for text in texts], max_len)
+        return x.long(), y
+    return encode_classification(tokenizer, texts, max_len).long(), torch.ones(len(texts), dtype=torch.long)
+
+
+def _per_sample_losses(task: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Each example's own loss `[B]` (the terms of loss_for_task's mean)."""
+    if task == "causal_lm":
+        return per_sample_token_losses(logits, labels[:, : logits.shape[1]])
+    return torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_padding_is_out_of_an_examples_loss_and_gradient(folders: dict[str, Path], kind: str) -> None:
+    """An example padded in a batch with a longer one has the loss and the per-sample gradient
+    (dptrain's hooks) of the same example alone without padding (float64), also when the pad
+    token is the end token (GPT-2, Llama): padding is read from the attention mask."""
+    from dptrain.grad_sample.check import microbatch_grad_samples, wrapped_grad_samples
+
+    task = "causal_lm" if kind in CAUSAL_KINDS else "sequence_classification"
+    model = build_hf_model(str(folders[kind]), task=task, pad_token=PAD_TOKENS[kind], dtype="float64")
+    texts = ["i liked it", "the pub is in the riverside area and serves cheap food"]
+    x, y = _encoded(model.tokenizer, task, texts, 24)
+    ids, mask = unpack_inputs(x)
+    length = int(mask[0].sum())
+    assert length < int(mask[1].sum())                 # example 0 is padded within the batch
+    alone_x, alone_y = _encoded(model.tokenizer, task, texts[:1], length)
+    assert int(unpack_inputs(alone_x)[1].sum()) == length               # alone: no padding
+    assert torch.equal(alone_x[0, :length], ids[0, :length])
+    if task == "causal_lm":  # pad == end token: only the mask tells the real end from padding
+        assert int(ids[0, length]) == int(ids[0, length - 1]) == model.tokenizer.eos_token_id
+        assert int(y[0, length - 1]) == model.tokenizer.eos_token_id and int(y[0, length]) == -100
+    loss_fn = loss_for_task(task)
+    with torch.no_grad():
+        torch.testing.assert_close(_per_sample_losses(task, model(x), y)[0],
+                                   _per_sample_losses(task, model(alone_x), alone_y)[0])
+    in_batch = wrapped_grad_samples(model, x, y, loss_fn)
+    alone = microbatch_grad_samples(model, alone_x, alone_y, loss_fn)
+    assert in_batch.keys() == alone.keys()
+    for name, grads in alone.items():
+        torch.testing.assert_close(in_batch[name][0], grads[0], msg=name)

@@ -166,3 +166,35 @@ def test_a_cumulative_figure_with_nothing_finished_at_its_batch_size_is_skipped(
                               "(--cumulative-batch-size)"}
     assert set(bench.skipped_figures(args, [record("plain", None, status="oom")])) == {
         "e2e_runtime.png", "e2e_cumulative.png"}
+
+
+def test_bf16_precisions_put_the_weights_or_the_compute_in_bfloat16() -> None:
+    import torch
+    from torch.nn import functional as F
+
+    import _bench_methods
+
+    x = torch.randn(2, 4)
+    pool = [(x, torch.tensor([0, 1]))]
+    weights, weights_pool = _bench_methods.apply_precision("bf16_weights", torch.nn.Linear(4, 3), pool)
+    assert weights.weight.dtype == torch.bfloat16 and weights_pool[0][0].dtype == torch.bfloat16
+    linear = torch.nn.Linear(4, 3)
+    autocast, same_pool = _bench_methods.apply_precision("bf16_autocast", linear, pool)
+    out = autocast(x)
+    assert linear.weight.dtype == torch.float32 and same_pool is pool and out.dtype == torch.float32
+    expected = F.linear(x.bfloat16(), linear.weight.bfloat16(), linear.bias.bfloat16()).float()
+    assert torch.equal(out.detach(), expected.detach())
+    with _bench_methods.building_at("bf16_weights"):  # created in bf16, no float32 copy first
+        built = torch.nn.Linear(4, 3)
+    assert built.weight.dtype == torch.bfloat16 and torch.get_default_dtype() == torch.float32
+
+
+def test_the_precision_option_trains_every_dp_method_at_that_precision(bench, tmp_path) -> None:
+    out = tmp_path / "bf16"
+    bench.main(["--models", "mnist_cnn", "--batch-sizes", "4", "--methods", "plain", "dptrain_hooks",
+                "dptrain_ghost", "--epochs", "1", "--steps-per-epoch", "1", "--threads", "1",
+                "--precision", "bf16_weights", "--out", str(out)])
+    document = json.loads((out / "e2e.json").read_text())
+    assert document["settings"]["precision"] == "bf16_weights"
+    assert {r["method"]: r["status"] for r in document["results"]} == \
+        {"plain": "ok", "dptrain_hooks": "ok", "dptrain_ghost": "ok"}

@@ -127,7 +127,11 @@ def encode_classification(tokenizer: Any, texts: Sequence[str], max_len: int) ->
 def encode_causal_lm(tokenizer: Any, rows: Sequence[Row], max_len: int
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """(features int32 `[N, 2 max_len]`, labels int64 `[N, max_len]`) of `(prompt, text)` rows:
-    labels are the ids at the text's tokens and its end token, -100 elsewhere."""
+    labels are the ids at the text's tokens and its end token, -100 elsewhere.
+
+    Labels and mask follow each row's positions, never token ids: with the end token as the pad
+    token (GPT-2, Llama) a row's own end token keeps its label and the padding after it, the
+    same id, gets -100 and mask 0."""
     eos = tokenizer.eos_token_id
     sep = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else eos
     if eos is None:

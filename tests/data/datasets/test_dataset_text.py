@@ -23,7 +23,7 @@ GPT2 = {"pad_token": "<|endoftext|>"}
 @pytest.fixture(scope="module")
 def tokenizers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("tok")
-    return {kind: str(save_tiny(root / kind, kind)) for kind in ("bert", "gpt2")}
+    return {kind: str(save_tiny(root / kind, kind)) for kind in ("bert", "gpt2", "llama")}
 
 
 def _reviews(tmp_path: Path, count: int = 6) -> Path:
@@ -91,6 +91,23 @@ def test_causal_lm_labels_cover_the_text_and_its_end_token_only(tokenizers: dict
     assert counted.nonzero().flatten().tolist() == list(range(prompt + 1, prompt + text + 2))
     assert torch.equal(labels[counted], ids[counted])
     assert splits.info["task"] == "causal_lm"
+
+
+@pytest.mark.parametrize("kind, end", [("gpt2", "<|endoftext|>"), ("llama", "</s>")])
+def test_causal_lm_labels_keep_the_real_end_token_when_padding_with_it(
+        tokenizers: dict[str, str], tmp_path: Path, kind: str, end: str) -> None:
+    """Padding with the end token (GPT-2, Llama: no pad token of their own): the text's own end
+    token is trained on, the padding after it (the same id) is not; the mask tells them apart."""
+    path = write_csv(tmp_path / "e2e.csv", e2e_rows(2))
+    splits = load_dataset("text", tokenizer=tokenizers[kind], train_file=str(path),
+                          label_column=None, text_column="ref", max_len=30, pad_token=end)
+    x, labels = splits.train[0]
+    ids, mask = (t[0] for t in unpack_inputs(x[None]))
+    last = int(mask.sum()) - 1                              # the text's end token
+    end_id = int(ids[last])
+    assert (ids[last + 1:] == end_id).all() and bool((mask[last + 1:] == 0).all())
+    assert int(labels[last]) == end_id and bool((labels[last + 1:] == -100).all())
+    assert torch.equal(labels[mask == 1][1:], ids[mask == 1][1:])  # every text token after [bos]
 
 
 def test_max_samples_keeps_that_many_rows(tokenizers: dict[str, str], tmp_path: Path) -> None:
