@@ -6,11 +6,23 @@ so every `${...}` below resolves wherever dptrain builds a job:
 * `${dptrain.token_ids:${dataset.vocab_size}}`: the number of token ids of a text dataset whose
   vocabulary has `vocab_size` words, i.e. vocab_size + the reserved ids (pad, start, unknown,
   unused: `dptrain.data.datasets.imdb.NUM_RESERVED`). Used by model/transformer.yaml.
+* `${dptrain.finetune_lr:${oc.select:model.lora,null}}`: the learning rate model=hf fine-tunes
+  with, LoRA adapters (`model.lora` set) or every parameter (null). Used by finetune/hf.yaml.
+* `${dptrain.finetune_grad_sample_mode:${oc.select:model.lora,null}}`: ghost clipping for full
+  fine-tuning, hooks for LoRA (whose few trainable weights make per-sample gradients cheap).
+  Used by privacy/finetune.yaml.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from omegaconf import OmegaConf
+
+# AdamW learning rates of model=hf (docs/transformers.md: measured on all-MiniLM-L6-v2, within
+# the ranges of Li et al. 2022 and Yu et al. 2022)
+FULL_FINETUNE_LR = 5.0e-5
+LORA_LR = 5.0e-4
 
 
 def token_ids(vocab_size: int) -> int:
@@ -20,4 +32,18 @@ def token_ids(vocab_size: int) -> int:
     return int(vocab_size) + NUM_RESERVED
 
 
+def finetune_lr(lora: Any) -> float:
+    """The fine-tuning learning rate: LORA_LR with LoRA adapters (`lora` not null), else
+    FULL_FINETUNE_LR."""
+    return LORA_LR if lora is not None else FULL_FINETUNE_LR
+
+
+def finetune_grad_sample_mode(lora: Any) -> str:
+    """privacy.grad_sample_mode for fine-tuning: hooks with LoRA adapters, else ghost."""
+    return "hooks" if lora is not None else "ghost"
+
+
 OmegaConf.register_new_resolver("dptrain.token_ids", token_ids, replace=True)
+OmegaConf.register_new_resolver("dptrain.finetune_lr", finetune_lr, replace=True)
+OmegaConf.register_new_resolver("dptrain.finetune_grad_sample_mode", finetune_grad_sample_mode,
+                                replace=True)

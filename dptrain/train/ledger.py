@@ -81,6 +81,9 @@ RESUME_EXEMPT_KEYS = ("train.resume", "train.progress", "train.max_steps", "trai
 # sampling alone (now from OS entropy too: the resumed steps are not less private, and
 # `carry_randomness` keeps the ledger's flag).
 RENAMED_KEYS = {"privacy.reproducible_noise": "privacy.reproducible_mechanism"}
+# Config keys added since a ledger or checkpoint was written, with the value every earlier run
+# had: a key at that value is hashed as absent, so those runs still resume (lr_schedule=constant).
+ADDED_KEYS = {"lr_schedule.kind": "constant"}
 
 
 _NUMBER_OR_INF = {"type": ["number", "string", "null"], "pattern": "^(-?inf|nan)$"}
@@ -221,11 +224,13 @@ def flatten_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _hashed_items(config: dict[str, Any]) -> dict[str, Any]:
-    """The flattened config without the keys that may change on resume (RESUME_EXEMPT_KEYS)."""
-    def exempt(key: str) -> bool:
-        return any(key == k or key.startswith(k + ".") for k in RESUME_EXEMPT_KEYS)
+    """The flattened config without the keys that may change on resume (RESUME_EXEMPT_KEYS) and
+    the ADDED_KEYS at the value earlier runs had."""
+    def exempt(key: str, value: Any) -> bool:
+        return (any(key == k or key.startswith(k + ".") for k in RESUME_EXEMPT_KEYS)
+                or (key in ADDED_KEYS and ADDED_KEYS[key] == value))
 
-    return {k: v for k, v in flatten_config(config).items() if not exempt(k)}
+    return {k: v for k, v in flatten_config(config).items() if not exempt(k, v)}
 
 
 def config_hash(config: dict[str, Any]) -> str:
