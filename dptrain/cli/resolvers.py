@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 # AdamW learning rates of model=hf (docs/transformers.md: measured on all-MiniLM-L6-v2, within
 # the ranges of Li et al. 2022 and Yu et al. 2022)
-FULL_FINETUNE_LR = 5.0e-5
+FULL_FINETUNE_LR = 5.0e-4
 LORA_LR = 5.0e-4
 
 
