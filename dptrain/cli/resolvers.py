@@ -11,6 +11,9 @@ so every `${...}` below resolves wherever dptrain builds a job:
 * `${dptrain.finetune_grad_sample_mode:${oc.select:model.lora,null}}`: ghost clipping for full
   fine-tuning, hooks for LoRA (whose few trainable weights make per-sample gradients cheap).
   Used by privacy/finetune.yaml.
+* `${dptrain.finetune_freeze_embeddings:${oc.select:model.lora,null},${model.task}}`: true for
+  the full fine-tuning of a classifier (the token embeddings, about half of a small model's
+  weights, stay as pretrained), false with LoRA or for a causal LM. Used by model/hf.yaml.
 """
 
 from __future__ import annotations
@@ -44,7 +47,18 @@ def finetune_grad_sample_mode(lora: Any) -> str:
     return "hooks" if lora is not None else "ghost"
 
 
+def finetune_freeze_embeddings(lora: Any, task: str) -> bool:
+    """model.freeze_embeddings for fine-tuning: true for the full fine-tuning of a classifier.
+
+    Noise is added to every trained weight; the token embeddings are half of all-MiniLM-L6-v2's
+    weights, and training them too left it at chance on a few hundred examples (5e-4, epsilon 3),
+    while frozen it learned (docs/transformers.md, "Defaults of model=hf")."""
+    return lora is None and task == "sequence_classification"
+
+
 OmegaConf.register_new_resolver("dptrain.token_ids", token_ids, replace=True)
+OmegaConf.register_new_resolver("dptrain.finetune_freeze_embeddings", finetune_freeze_embeddings,
+                                replace=True)
 OmegaConf.register_new_resolver("dptrain.finetune_lr", finetune_lr, replace=True)
 OmegaConf.register_new_resolver("dptrain.finetune_grad_sample_mode", finetune_grad_sample_mode,
                                 replace=True)

@@ -145,6 +145,7 @@ class HFModelConfig(ModelConfig):
     lora: Any = None
     pad_token: Optional[str] = None
     download: bool = False
+    freeze_embeddings: bool = False
 
 
 # ----------------------------------------------------------------------------- optimizer

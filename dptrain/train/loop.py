@@ -62,10 +62,10 @@ from dptrain.train.loggers import (  # noqa: F401  (METRICS_FILENAME: where it w
     learning_rates,
     with_run_record,
 )
+from dptrain.train.lr_schedule import LR_SCHEDULE_NOTE, make_lr_scheduler
 from dptrain.train.preemption import Preemption
 from dptrain.train.resume import Resumer, resume_on_every_rank
 from dptrain.train.run_lock import hold_run_folder
-from dptrain.train.lr_schedule import LR_SCHEDULE_NOTE, make_lr_scheduler
 from dptrain.train.settings import TrainSettings
 
 # The system errors of storage that cannot take more bytes: disk full, quota reached.
@@ -183,11 +183,12 @@ class Trainer:
     def _lr_schedule_record(self) -> dict[str, Any]:
         """The ledger's `lr_schedule`: what sets the rate of each step, and its privacy cost
         (none: post-processing)."""
-        scheduler, schedule = self.job.lr_scheduler, self.settings.lr_schedule
-        if scheduler is None or (schedule is not None and schedule.kind != "constant"):
-            per_epoch = self._steps_per_epoch() or 0
-            return schedule.record(self.settings.epochs * per_epoch)
-        return {"kind": type(scheduler).__name__, "privacy": LR_SCHEDULE_NOTE}
+        scheduler = self.job.lr_scheduler
+        if scheduler is None:
+            return self.settings.lr_schedule.record(self.settings.epochs
+                                                    * (self._steps_per_epoch() or 0))
+        return getattr(scheduler, "record", None) or {"kind": type(scheduler).__name__,
+                                                      "privacy": LR_SCHEDULE_NOTE}
 
     def _steps_per_epoch(self) -> int | None:
         try:

@@ -85,10 +85,14 @@ class LRSchedule:
 
 def make_lr_scheduler(optimizer: Any, schedule: LRSchedule, total_steps: int) -> Any:
     """A `torch.optim.lr_scheduler.LambdaLR` over `optimizer` following `schedule` for a run of
-    `total_steps` logical steps; call its `step()` once after each logical step."""
+    `total_steps` logical steps, with the ledger's description as its `record` attribute; call
+    its `step()` once after each logical step."""
     from torch.optim.lr_scheduler import LambdaLR  # lazy: the config schemas load no torch
 
-    return LambdaLR(optimizer, lambda step: schedule.factor(step, total_steps))
+    scheduler = LambdaLR(optimizer, lambda step: schedule.factor(step, total_steps))
+    # what it follows, as the ledger records it (plain data: saved with the scheduler's state)
+    scheduler.record = schedule.record(total_steps)
+    return scheduler
 
 
 def restore_lr_scheduler(scheduler: Any, state: dict[str, Any] | None, step: int) -> None:

@@ -30,18 +30,20 @@ def _composed(*overrides: str) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-def test_model_hf_brings_adamw_a_linear_schedule_ghost_clipping_and_sized_training() -> None:
+def test_model_hf_brings_adamw_a_schedule_ghost_clipping_frozen_embeddings_and_sizing() -> None:
     cfg = _composed()
     assert cfg["optimizer"]["_target_"] == "torch.optim.AdamW"
     assert (cfg["optimizer"]["lr"], cfg["optimizer"]["weight_decay"]) == (5e-4, 0.0)
     assert cfg["lr_schedule"]["kind"] == "linear"
     assert (cfg["privacy"]["grad_sample_mode"], cfg["privacy"]["max_grad_norm"]) == ("ghost", 0.1)
     assert (cfg["train"]["epochs"], cfg["train"]["batch_size"]) == (None, None)
+    assert cfg["model"]["freeze_embeddings"] is True
 
 
 def test_model_hf_with_lora_uses_hooks_and_the_lora_learning_rate() -> None:
     cfg = _composed(LORA)
     assert (cfg["optimizer"]["lr"], cfg["privacy"]["grad_sample_mode"]) == (1e-2, "hooks")
+    assert cfg["model"]["freeze_embeddings"] is False
 
 
 def test_keys_and_groups_on_the_command_line_win_over_model_hf_defaults() -> None:

@@ -93,3 +93,12 @@ def test_a_scheduled_run_resumed_mid_run_equals_the_uninterrupted_run(tmp_path: 
     for name, value in final_weights(straight).items():
         assert torch.equal(value, final_weights(resumed)[name]), name
     assert _epoch_rates(tmp_path / "b")[-1] == _epoch_rates(tmp_path / "a")[-1]
+
+
+def test_a_callers_own_scheduler_is_stepped_per_logical_step_and_named_in_the_ledger(
+        tmp_path: Path) -> None:
+    job = make_job()
+    job.lr_scheduler = torch.optim.lr_scheduler.StepLR(job.optimizer, step_size=1, gamma=0.5)
+    train(job, make_settings(tmp_path, epochs=1))
+    assert job.optimizer.param_groups[0]["lr"] == pytest.approx(BASE_LR * 0.5 ** STEPS_PER_EPOCH)
+    assert load_ledger(tmp_path)["lr_schedule"] == {"kind": "StepLR", "privacy": LR_SCHEDULE_NOTE}
