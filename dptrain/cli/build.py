@@ -47,7 +47,7 @@ from dptrain.privacy.plan import PerformanceSettings, calibrated
 from dptrain.train.job import PrivacySettings, TrainingJob, check_model_selection
 from dptrain.train.loggers import make_loggers
 from dptrain.randomness import seed_everything
-from dptrain.train.settings import TrainConfig, TrainSettings, command_line_names
+from dptrain.train.settings import TrainConfig, TrainSettings, command_line_names, sized_for
 from dptrain.validation import ModuleValidator
 
 log = logging.getLogger(__name__)
@@ -90,14 +90,30 @@ def _require(section: dict[str, Any], group: str, key: str) -> Any:
 
 
 # ----------------------------------------------------------------------------- train settings
-def build_settings(train: dict[str, Any], run_dir: Path) -> TrainSettings:
-    """TrainSettings from the `train` group, with every value checked (by TrainSettings, its
-    refusals naming the config keys)."""
+def build_settings(train: dict[str, Any], run_dir: Path,
+                   lr_schedule: dict[str, Any] | None = None) -> TrainSettings:
+    """TrainSettings from the `train` group and the `lr_schedule` group, with every value
+    checked (by TrainSettings and LRSchedule, their refusals naming the config keys)."""
     reject_unknown_keys(train, "train", TRAIN_KEYS)
     for key in ("epochs", "batch_size"):
         _require(train, "train", key)
     with command_line_names():
-        return TrainSettings(run_dir=run_dir, **train)
+        return TrainSettings(run_dir=run_dir, lr_schedule=lr_schedule, **train)
+
+
+def size_train(train: dict[str, Any], num_examples: int) -> None:
+    """Fill a null `train.batch_size` or `train.epochs` in place with the sizing rule for
+    `num_examples` training examples (dptrain.train.settings.sized_for; model=hf leaves both
+    null), and say so in the run's log. The filled values are what the ledger records."""
+    missing = [key for key in ("batch_size", "epochs") if key in train and train[key] is None]
+    if not missing:
+        return
+    chosen = dict(zip(("batch_size", "epochs"), sized_for(num_examples)))
+    for key in missing:
+        train[key] = chosen[key]
+    log.info("train.%s null: %s for N = %d training examples (the sizing rule of "
+             "docs/transformers.md; set the key to choose it).", " and train.".join(missing),
+             ", ".join(f"{key} = {train[key]}" for key in missing), num_examples)
 
 
 # ----------------------------------------------------------------------------- hardware
@@ -416,16 +432,23 @@ def build_job(cfg: DictConfig, run_dir: Path, prepare_splits: Callable[[DatasetS
     for group in ("model", "dataset", "privacy", "hardware", "optimizer", "train"):
         _require(resolved, "config", group)
     run_dir = join_run(resolved, run_dir)  # same config on every rank; rank 0's run folder
-    settings = build_settings(resolved["train"], run_dir)
+    train, lr_schedule = resolved["train"], resolved.get("lr_schedule")
+    # every value checked before the data loads; the keys the data will size stand in as 1
+    build_settings({**train, **{k: 1 for k in ("epochs", "batch_size")
+                                if k in train and train[k] is None}}, run_dir, lr_schedule)
+    seed = int(train.get("seed", 0))
     request = PrivacyRequest.parse(resolved["privacy"], resolved.get("noise_schedule"))
-    check_model_selection(settings.keep_best, bool(resolved["dataset"].get("validation_size")))
-    seed_everything(settings.seed)  # before the model's initialisation (the loop seeds alike)
+    check_model_selection(bool(train.get("keep_best")),
+                          bool(resolved["dataset"].get("validation_size")))
+    seed_everything(seed)  # before the model's initialisation (the loop seeds alike)
     hardware = resolved["hardware"]
     device, precision = build_device(hardware), build_precision(hardware)
     num_workers = int(hardware.get("num_workers", 0))
-    splits = build_dataset(resolved["dataset"], settings.seed, tokenizer_key(cfg))
+    splits = build_dataset(resolved["dataset"], seed, tokenizer_key(cfg))
     if prepare_splits is not None:
         splits = prepare_splits(splits)
+    size_train(train, len(splits.train))
+    settings = build_settings(train, run_dir, lr_schedule)
     warn_private_preprocessing(splits)
     model_key = _model_key(cfg)
     if isinstance(resolved["model"].get("task"), str) and "task" in splits.info:

@@ -6,11 +6,27 @@ so every `${...}` below resolves wherever dptrain builds a job:
 * `${dptrain.token_ids:${dataset.vocab_size}}`: the number of token ids of a text dataset whose
   vocabulary has `vocab_size` words, i.e. vocab_size + the reserved ids (pad, start, unknown,
   unused: `dptrain.data.datasets.imdb.NUM_RESERVED`). Used by model/transformer.yaml.
+* `${dptrain.finetune_lr:${oc.select:model.lora,null}}`: the learning rate model=hf fine-tunes
+  with, LoRA adapters (`model.lora` set) or every parameter (null). Used by finetune/hf.yaml.
+* `${dptrain.finetune_grad_sample_mode:${oc.select:model.lora,null}}`: ghost clipping for full
+  fine-tuning, hooks for LoRA (whose few trainable weights make per-sample gradients cheap).
+  Used by privacy/finetune.yaml.
+* `${dptrain.finetune_freeze_embeddings:${oc.select:model.lora,null},${model.task}}`: true for
+  the full fine-tuning of a classifier (the token embeddings, about half of a small model's
+  weights, stay as pretrained), false with LoRA or for a causal LM. Used by model/hf.yaml.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from omegaconf import OmegaConf
+
+# AdamW learning rates of model=hf, measured on all-MiniLM-L6-v2 at epsilon 3 (docs/transformers.md,
+# "Defaults"): full fine-tuning at Li et al. 2022's 5e-4; LoRA, whose few adapter weights start
+# from zero, at 1e-2 (5e-4 to 5e-3 left it at chance on a few hundred examples)
+FULL_FINETUNE_LR = 5.0e-4
+LORA_LR = 1.0e-2
 
 
 def token_ids(vocab_size: int) -> int:
@@ -20,4 +36,29 @@ def token_ids(vocab_size: int) -> int:
     return int(vocab_size) + NUM_RESERVED
 
 
+def finetune_lr(lora: Any) -> float:
+    """The fine-tuning learning rate: LORA_LR with LoRA adapters (`lora` not null), else
+    FULL_FINETUNE_LR."""
+    return LORA_LR if lora is not None else FULL_FINETUNE_LR
+
+
+def finetune_grad_sample_mode(lora: Any) -> str:
+    """privacy.grad_sample_mode for fine-tuning: hooks with LoRA adapters, else ghost."""
+    return "hooks" if lora is not None else "ghost"
+
+
+def finetune_freeze_embeddings(lora: Any, task: str) -> bool:
+    """model.freeze_embeddings for fine-tuning: true for the full fine-tuning of a classifier.
+
+    Noise is added to every trained weight; the token embeddings are half of all-MiniLM-L6-v2's
+    weights, and training them too left it at chance on a few hundred examples (5e-4, epsilon 3),
+    while frozen it learned (docs/transformers.md, "Defaults of model=hf")."""
+    return lora is None and task == "sequence_classification"
+
+
 OmegaConf.register_new_resolver("dptrain.token_ids", token_ids, replace=True)
+OmegaConf.register_new_resolver("dptrain.finetune_freeze_embeddings", finetune_freeze_embeddings,
+                                replace=True)
+OmegaConf.register_new_resolver("dptrain.finetune_lr", finetune_lr, replace=True)
+OmegaConf.register_new_resolver("dptrain.finetune_grad_sample_mode", finetune_grad_sample_mode,
+                                replace=True)

@@ -146,6 +146,7 @@ class HFModelConfig(ModelConfig):
     lora: Any = None
     pad_token: Optional[str] = None
     download: bool = False
+    freeze_embeddings: bool = False
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -225,6 +226,22 @@ class StepScheduleConfig(ExponentialScheduleConfig):
     step_size: int = MISSING
 
 
+# ----------------------------------------------------------------------------- lr schedule
+@dataclass
+class LRScheduleConfig:
+    """lr_schedule/constant (checked by dptrain.train.lr_schedule.LRSchedule)."""
+
+    kind: str = MISSING
+
+
+@dataclass
+class WarmupLRScheduleConfig(LRScheduleConfig):
+    """lr_schedule/linear, cosine: a warm-up, then a decay to 0."""
+
+    warmup_steps: Optional[int] = None
+    warmup_fraction: Optional[float] = None
+
+
 # ----------------------------------------------------------------------------- audit
 @dataclass
 class AuditConfig:
@@ -291,6 +308,8 @@ SCHEMAS: dict[str, tuple[str, type]] = {
     "schema_noise_schedule": ("noise_schedule", NoiseScheduleConfig),
     "schema_noise_schedule_exponential": ("noise_schedule", ExponentialScheduleConfig),
     "schema_noise_schedule_step": ("noise_schedule", StepScheduleConfig),
+    "schema_lr_schedule": ("lr_schedule", LRScheduleConfig),
+    "schema_lr_schedule_warmup": ("lr_schedule", WarmupLRScheduleConfig),
     "schema_audit": ("audit", AuditConfig),
     "schema_hardware": ("hardware", HardwareConfig),
     "schema_hardware_ddp": ("hardware", DDPHardwareConfig),

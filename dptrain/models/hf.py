@@ -336,6 +336,7 @@ def build_hf_model(
     lora: Mapping[str, Any] | LoraConfig | None = None,
     pad_token: str | None = None,
     download: bool = False,
+    freeze_embeddings: bool = False,
 ) -> HFModel:
     """A pretrained model ready for `make_private`.
 
@@ -351,6 +352,8 @@ def build_hf_model(
             its fields).
         pad_token: a token of the tokenizer to pad with when it has none (GPT-2).
         download: allow downloading `name_or_path` from the hub.
+        freeze_embeddings: keep the input token embeddings frozen (`get_input_embeddings()`;
+            a causal LM whose output layer is tied to them keeps that fixed too).
     """
     transformers = _import_hf()
     if task not in TASKS:
@@ -376,4 +379,6 @@ def build_hf_model(
     if lora_settings is not None:
         model = add_lora(model, lora_settings, task)
     freeze_parameters(model, list(freeze or ()))
+    if freeze_embeddings:
+        model.get_input_embeddings().weight.requires_grad_(False)
     return HFModel(model, task, tokenizer).train()  # from_pretrained leaves it in eval mode

@@ -10,7 +10,8 @@ From plain Python, a run gets the same ledger, checkpoints, resume and budget gu
     result = dptrain.train.train(job, dptrain.train.TrainSettings(run_dir="run", epochs=3,
                                                                   batch_size=64))
 
-Modules: job.py (TrainingJob, private_job, RunResult), settings.py (TrainSettings), loop.py
+Modules: job.py (TrainingJob, private_job, RunResult), settings.py (TrainSettings, the sizing
+rule), lr_schedule.py (learning-rate schedules), loop.py
 (train, Trainer), budget.py (BudgetGuard, PrivacySpend), ledger.py (PrivacyLedger,
 verify_ledger), ledger_check.py (the run's records against the ledger's history), checkpoint.py
 (Checkpointer, load_checkpoint), resume.py (Resumer), replay.py (what a resume may drop),
@@ -32,6 +33,7 @@ _PUBLIC = {
     "private_job": "dptrain.train.job",
     "TrainConfig": "dptrain.train.settings",
     "TrainSettings": "dptrain.train.settings",
+    "LRSchedule": "dptrain.train.lr_schedule",
     "BudgetGuard": "dptrain.train.budget",
     "PrivacyLedger": "dptrain.train.ledger",
     "load_ledger": "dptrain.train.ledger",

@@ -12,7 +12,8 @@ file is refused as damaged, the message names the newest checkpoint beside it th
 (`last.pt` is a hard link to the newest epoch checkpoint: both are damaged together). Read one
 with `load_checkpoint(path)` (the state: "model" is the unwrapped model's state_dict).
 
-The state holds the model, the optimizer, the engine/accountant state, the RNG states (torch,
+The state holds the model, the optimizer, the learning-rate scheduler's state (None without
+one), the engine/accountant state, the RNG states (torch,
 numpy, python, CUDA), every `torch.Generator` of the loader and the optimizer (the Poisson
 sampler's and the noise generator only when they are reproducible, `resumable_generators`), the
 step, the epoch, the config with its hash and the training data's fingerprint
@@ -509,6 +510,8 @@ class Checkpointer:
             "config": self.job.config, "config_hash": self.ledger.data["config_hash"],
             "model": unwrap(self.job.model).state_dict(),
             "optimizer": self.job.optimizer.state_dict(),
+            "lr_scheduler": (None if self.job.lr_scheduler is None
+                             else self.job.lr_scheduler.state_dict()),
             "engine": engine_state(self.job.engine) if self.spend.private else None,
             **self.spend.state(),
             "rng": capture_rng_state(),

@@ -87,6 +87,9 @@ class TrainingJob:
     # one sentence each: recorded in the ledger as not covered by epsilon.
     private_preprocessing: list[str] = field(default_factory=list)
     synthetic: bool = False                  # seeded random data (dataset.synthetic=true)
+    # A torch LR scheduler stepped once per logical step; None: the loop builds one from
+    # `TrainSettings.lr_schedule` (none for a constant rate). Saved in checkpoints.
+    lr_scheduler: Any | None = None
 
 
 # The file the `dptrain` command writes a job's RunResult to, in its run folder

@@ -88,11 +88,13 @@ RESUME_EXEMPT_KEYS = ("train.resume", "train.progress", "train.max_steps", "trai
 # sampling alone (now from OS entropy too: the resumed steps are not less private, and
 # `carry_randomness` keeps the ledger's flag).
 RENAMED_KEYS = {"privacy.reproducible_noise": "privacy.reproducible_mechanism"}
-# Config keys added since a ledger or checkpoint was written: {key: the value that means what
-# the older config did}. privacy.sampling null defers to privacy.poisson_sampling, as before;
-# the privacy unit was one example, and no dataset named users.
+# Config keys added since a ledger or checkpoint was written: {key: the value every earlier run
+# had, which means what the older config did}. A key at that value is hashed as absent, so those
+# runs still resume. privacy.sampling null defers to privacy.poisson_sampling, as before; the
+# privacy unit was one example, no dataset named users; the learning rate was constant.
 ADDED_KEYS: dict[str, Any] = {"privacy.sampling": None, "privacy.unit": "example",
-                              "privacy.max_examples_per_user": None, "dataset.user_column": None}
+                              "privacy.max_examples_per_user": None, "dataset.user_column": None,
+                              "lr_schedule.kind": "constant"}
 
 
 _NUMBER_OR_INF = {"type": ["number", "string", "null"], "pattern": "^(-?inf|nan)$"}
@@ -225,11 +227,13 @@ LEDGER_SCHEMA: dict[str, Any] = {
 
 # ----------------------------------------------------------------------------- config hashing
 def _hashed_items(config: dict[str, Any]) -> dict[str, Any]:
-    """The flattened config without the keys that may change on resume (RESUME_EXEMPT_KEYS)."""
-    def exempt(key: str) -> bool:
-        return any(key == k or key.startswith(k + ".") for k in RESUME_EXEMPT_KEYS)
+    """The flattened config without the keys that may change on resume (RESUME_EXEMPT_KEYS) and
+    the ADDED_KEYS at the value earlier runs had."""
+    def exempt(key: str, value: Any) -> bool:
+        return (any(key == k or key.startswith(k + ".") for k in RESUME_EXEMPT_KEYS)
+                or (key in ADDED_KEYS and ADDED_KEYS[key] == value))
 
-    return {k: v for k, v in flatten(config).items() if not exempt(k)}
+    return {k: v for k, v in flatten(config).items() if not exempt(k, v)}
 
 
 def config_hash(config: dict[str, Any]) -> str:

@@ -66,6 +66,7 @@ from dptrain.train.loggers import (
 )
 from dptrain.privacy.step import private_step
 from dptrain.randomness import seed_everything
+from dptrain.train.lr_schedule import LR_SCHEDULE_NOTE, make_lr_scheduler
 from dptrain.train.preemption import Preemption
 from dptrain.train.resume import Resumer, resume_on_every_rank
 from dptrain.train.run_lock import hold_run_folder
@@ -84,6 +85,7 @@ class Trainer:
         self.job, self.settings, self.run_dir = job, settings, run_dir
         self.pos = Position()
         private = job.engine is not None
+        self._attach_lr_scheduler()
         self.ledger = run_ledger(job, settings, run_dir, f"{ckpt.CHECKPOINT_DIRNAME}/{BEST}")
         guard = BudgetGuard(job.privacy.target_epsilon if private else None,
                             self.ledger.data["delta"], self.ledger.data["accountant"],
@@ -99,6 +101,7 @@ class Trainer:
         self.preemption = Preemption()
         self._epoch_started = time.monotonic()
         self.ledger.data["start_fingerprint"] = self.checkpointer.fingerprint()
+        self.ledger.data["lr_schedule"] = self._lr_schedule_record()
         self.ledger.data["devices"] = [job.device.type]
         self.ledger.data["dataset"]["fingerprints"] = [self.checkpointer.data_fingerprint]
 
@@ -144,6 +147,31 @@ class Trainer:
         result = self._result(status)
         self.display.summary(result, self.ledger)
         return result
+
+    def _attach_lr_scheduler(self) -> None:
+        """`settings.lr_schedule` as a scheduler on the job's optimizer (unless the job brings
+        its own, or the rate is constant), over `epochs` times the steps of an epoch."""
+        schedule = self.settings.lr_schedule
+        if self.job.lr_scheduler is not None or schedule is None or schedule.kind == "constant":
+            return
+        per_epoch = self._steps_per_epoch()
+        if per_epoch is None:
+            raise ConfigError(
+                f"lr_schedule={schedule.kind} needs the number of steps of the run, but the "
+                f"training loader has no length: use lr_schedule=constant, or pass a torch LR "
+                f"scheduler as TrainingJob.lr_scheduler.")
+        self.job.lr_scheduler = make_lr_scheduler(self.job.optimizer, schedule,
+                                                  self.settings.epochs * per_epoch)
+
+    def _lr_schedule_record(self) -> dict[str, Any]:
+        """The ledger's `lr_schedule`: what sets the rate of each step, and its privacy cost
+        (none: post-processing)."""
+        scheduler = self.job.lr_scheduler
+        if scheduler is None:
+            return self.settings.lr_schedule.record(self.settings.epochs
+                                                    * (self._steps_per_epoch() or 0))
+        return getattr(scheduler, "record", None) or {"kind": type(scheduler).__name__,
+                                                      "privacy": LR_SCHEDULE_NOTE}
 
     def _steps_per_epoch(self) -> int | None:
         try:
@@ -192,6 +220,8 @@ class Trainer:
                 return True
             self._step(batch, tally)
             pos.step += 1
+            if self.job.lr_scheduler is not None:
+                self.job.lr_scheduler.step()   # the rate of the next logical step
             pos.steps_in_epoch += 1
             done += 1
             self.display.advance(tally, self.spend.epsilon)

@@ -26,6 +26,7 @@ from dptrain.train.checkpoint import Checkpointer
 from dptrain.train.display import note, shown_path
 from dptrain.train.job import Position, TrainingJob, unwrap
 from dptrain.train.loggers import METRICS_FILENAME, MetricLoggers
+from dptrain.train.lr_schedule import restore_lr_scheduler
 from dptrain.train.ledger import (
     LEDGER_FILENAME,
     PrivacyLedger,
@@ -222,6 +223,8 @@ class Resumer:
         job, pos = self.job, self.pos
         unwrap(job.model).load_state_dict(state["model"])
         job.optimizer.load_state_dict(state["optimizer"])
+        if job.lr_scheduler is not None:
+            restore_lr_scheduler(job.lr_scheduler, state.get("lr_scheduler"), int(state["step"]))
         if not self.spend.private:
             self.spend.nonprivate_steps = int(state["step"])
         self.checkpointer.restore_random_state(state, path)

@@ -7,6 +7,7 @@ the schema of `train`) load without torch.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -24,6 +25,25 @@ from dptrain.checks import (
     setting,
 )
 from dptrain.errors import ConfigError
+from dptrain.train.lr_schedule import LRSchedule
+
+# The rule that sizes a run from its number of training examples N (train.batch_size and
+# train.epochs null; model=hf sets both so): the expected batch is 2 sqrt(N) rounded to a power
+# of two within [16, 1024] (and at most N), and the epochs give about TARGET_STEPS logical steps,
+# at least 3 and at most 20. N = 300: batch 32, 11 epochs (103 steps); N = 67,349 (SST-2):
+# batch 512, 3 epochs (394 steps). docs/transformers.md says why.
+MIN_BATCH, MAX_BATCH = 16, 1024
+TARGET_STEPS, MIN_EPOCHS, MAX_EPOCHS = 100, 3, 20
+
+
+def sized_for(num_examples: int) -> tuple[int, int]:
+    """(batch_size, epochs) of the sizing rule for `num_examples` training examples (N >= 1)."""
+    n = max(1, int(num_examples))
+    power = 2 ** round(math.log2(2 * math.sqrt(n)))
+    batch = min(n, max(MIN_BATCH, min(MAX_BATCH, power)))
+    epochs = min(MAX_EPOCHS, max(MIN_EPOCHS, math.ceil(TARGET_STEPS * batch / n)))
+    return batch, epochs
+
 
 # How a message names a run setting: by its config key under the `dptrain` command (which sets
 # this, `command_line_names`), by the Python argument that sets it otherwise.
@@ -74,8 +94,9 @@ class TrainConfig:
     types are what the command accepts, the rules (`dptrain.checks.setting`) what values.
     """
 
-    epochs: int = setting(rule=POSITIVE_INT)
-    batch_size: int = setting(rule=POSITIVE_INT)          # the expected logical batch
+    # null in the command's config: chosen from the number of training examples (`sized_for`)
+    epochs: Optional[int] = setting(rule=POSITIVE_INT)
+    batch_size: Optional[int] = setting(rule=POSITIVE_INT)  # the expected logical batch
     max_physical_batch_size: Optional[int] = setting(None, POSITIVE_INT.or_none())
     seed: int = setting(0, NON_NEGATIVE_INT)
     eval_every: int = setting(1, EVERY_EPOCHS)           # epochs between evaluations
@@ -107,13 +128,17 @@ class TrainConfig:
 
 @dataclass(kw_only=True)
 class TrainSettings(TrainConfig):
-    """The loop settings of one run: the `train` group and the run folder."""
+    """The loop settings of one run: the `train` group, the run folder and the learning-rate
+    schedule (the `lr_schedule` group: an `LRSchedule`, a mapping of its fields, or None for a
+    constant rate)."""
 
     run_dir: Path
+    lr_schedule: Optional[LRSchedule] = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.run_dir = Path(self.run_dir)
+        self.lr_schedule = LRSchedule.of(self.lr_schedule)
 
     def finished(self, position: Any) -> bool:
         """True when a run at `position` has nothing left to train (every epoch, or max_steps)."""

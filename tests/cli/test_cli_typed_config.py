@@ -90,7 +90,8 @@ def _option_files() -> list[tuple[str, str]]:
     # logger: a list of options merged into one node (logger=[jsonl,tensorboard]), which one
     # option's schema would close to the others; its options are checked by the loggers.
     return [(group.name, option.name) for group in root.iterdir()
-            if group.is_dir() and group.name not in ("hydra", "recipe", "logger", "__pycache__")
+            if group.is_dir()
+            and group.name not in ("hydra", "recipe", "logger", "finetune", "__pycache__")
             for option in group.iterdir() if option.name.endswith(".yaml")]
 
 
@@ -99,7 +100,17 @@ def test_every_option_file_names_a_schema_with_exactly_its_keys(group, option):
     """The composed config (and so the config hash old runs resume with) is the yaml's alone."""
     text = resources.files("dptrain.conf").joinpath(group, option).read_text(encoding="utf-8")
     loaded = OmegaConf.to_container(OmegaConf.create(text))
-    (schema_name,) = [d.lstrip("/") for d in loaded.pop("defaults") if d != "_self_"]
+    defaults = [d for d in loaded.pop("defaults") if d != "_self_"]
+    # an option of the same group first (privacy/finetune: privacy/epsilon with other values)
+    while isinstance(defaults[0], str) and not defaults[0].startswith("/"):
+        base = resources.files("dptrain.conf").joinpath(group, f"{defaults[0]}.yaml")
+        base = OmegaConf.to_container(OmegaConf.create(base.read_text(encoding="utf-8")))
+        defaults = [d for d in base.pop("defaults") if d != "_self_"]
+        loaded = {**base, **loaded}
+    # then its schema; other entries select other groups' options (model=hf: the fine-tuning
+    # defaults it brings)
+    (schema_name,) = [d.lstrip("/") for d in defaults
+                      if isinstance(d, str) and d.startswith("/schema_")]
     schema_group, schema = SCHEMAS[schema_name]
     assert schema_group == group
     assert {f.name for f in dataclasses.fields(schema)} == set(loaded)

@@ -141,6 +141,13 @@ def test_lora_target_matching_no_module_lists_the_layer_names(folders: dict[str,
         build_hf_model(str(folders["bert"]), lora={"target_modules": ["query", "q_proj"]})
 
 
+def test_freeze_embeddings_keeps_only_the_input_token_embeddings_frozen(
+        folders: dict[str, Path]) -> None:
+    model = build_hf_model(str(folders["bert"]), num_labels=2, freeze_embeddings=True)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen == {"model.bert.embeddings.word_embeddings.weight"}
+
+
 def test_freeze_pattern_matching_no_parameter_is_refused(folders: dict[str, Path]) -> None:
     with pytest.raises(ConfigError, match=r"model.freeze: '\*embedings\*' matches no parameter"):
         build_hf_model(str(folders["bert"]), freeze=["*embedings*"])
