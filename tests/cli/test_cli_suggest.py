@@ -15,6 +15,8 @@ def test_groups_and_their_options_come_from_the_shipped_configs():
         "recipe",
         "logger",
         "audit",
+        "lr_schedule",
+        "finetune",
     }
     assert {"mnist_cnn", "cifar10_cnn", "imdb_embedding", "imdb_lstm", "digits_quick"} <= set(
         groups["recipe"]
