@@ -94,3 +94,19 @@ def test_the_same_run_under_opacus_and_dptrain_opacus_reports_the_same_epsilon()
             _train(model, optimizer, loader)
             epsilons.append(engine.get_epsilon(1e-5))
     assert epsilons[1] == pytest.approx(epsilons[0], rel=1e-3)
+
+
+def test_hand_built_optimizer_loader_and_accountant_hook_account_every_step():
+    from dptrain.opacus.data_loader import DPDataLoader
+    from dptrain.opacus.grad_sample import GradSampleModule
+    from dptrain.opacus.optimizers import DPOptimizer
+
+    model, optimizer, loader = _setup()
+    model = GradSampleModule(model)
+    optimizer = DPOptimizer(optimizer, noise_multiplier=1.0, max_grad_norm=1.0,
+                            expected_batch_size=BATCH, generator=torch.Generator().manual_seed(0))
+    loader = DPDataLoader.from_data_loader(loader, distributed=False)
+    accountant = RDPAccountant()
+    optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=BATCH / N))
+    _train(model, optimizer, loader)
+    assert len(accountant) == STEPS and accountant.get_epsilon(1e-5) > 0

@@ -24,17 +24,18 @@ class GradSampleModule(CoreGradSampleModule):
                  strict: bool = True, force_functorch: bool = False, **kwargs: Any) -> None:
         super().__init__(m, batch_first=batch_first, loss_reduction=loss_reduction)
         for p in self.parameters():
-            _OWNERS[p] = self
+            _OWNERS[id(p)] = self
 
 
-# parameter -> the GradSampleModule made here that computes its per-sample gradients (how an
-# Opacus-style DPOptimizer, built from a plain optimizer, finds its module)
-_OWNERS: "weakref.WeakKeyDictionary[nn.Parameter, GradSampleModule]" = weakref.WeakKeyDictionary()
+# id(parameter) -> the GradSampleModule made here that computes its per-sample gradients (how an
+# Opacus-style DPOptimizer, built from a plain optimizer, finds its module); an entry lives as
+# long as its module, which keeps the parameter (so its id) alive
+_OWNERS: "weakref.WeakValueDictionary[int, GradSampleModule]" = weakref.WeakValueDictionary()
 
 
 def owner_of(params: list[nn.Parameter]) -> CoreGradSampleModule | None:
     """The GradSampleModule (made by dptrain.opacus) owning the first of `params`, or None."""
-    return next((_OWNERS[p] for p in params if p in _OWNERS), None)
+    return next((_OWNERS[id(p)] for p in params if id(p) in _OWNERS), None)
 
 
 def wrap_model(model: nn.Module, grad_sample_mode: str, *args: Any, **kwargs: Any) -> nn.Module:
