@@ -322,8 +322,6 @@ LEFT_OUT: dict[str, str] = {
         "AssertionError: False is not true",
     "test_opacus_randomness.py::PrivacyEngineSecureModeTest::test_seed":
         "AssertionError: False is not true",
-    "test_opacus_validators_instance_norm.py::InstanceNormValidator_test::test_validate":
-        "AssertionError: False is not true",
 }
 
 

@@ -25,7 +25,10 @@ def _validate(module: nn.Module) -> list[UnsupportedModuleError]:
     rule = _rule_for(module)
     if rule is None:
         return []
-    return [ShouldReplaceModuleError(f"{rule.problem(module)} Fix: {rule.fix}")]
+    # a module to configure differently (running stats off) vs one to replace (Opacus's kinds)
+    kind = (IllegalModuleConfigurationError if isinstance(module, tuple(_INSTANCENORM.values()))
+            else ShouldReplaceModuleError)
+    return [kind(f"{rule.problem(module)} Fix: {rule.fix}")]
 
 
 def _fix(module: nn.Module, **kwargs: Any) -> nn.Module:
