@@ -110,3 +110,16 @@ def test_hand_built_optimizer_loader_and_accountant_hook_account_every_step():
     optimizer.attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate=BATCH / N))
     _train(model, optimizer, loader)
     assert len(accountant) == STEPS and accountant.get_epsilon(1e-5) > 0
+
+
+def test_noise_from_os_entropy_is_announced_and_a_generator_silences_it():
+    model, optimizer, loader = _setup()
+    with pytest.warns(UserWarning, match="OS entropy"):
+        PrivacyEngine().make_private(module=model, optimizer=optimizer, data_loader=loader,
+                                     noise_multiplier=1.0, max_grad_norm=1.0)
+    model, optimizer, loader = _setup()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PrivacyEngine().make_private(module=model, optimizer=optimizer, data_loader=loader,
+                                     noise_multiplier=1.0, max_grad_norm=1.0,
+                                     noise_generator=torch.Generator().manual_seed(0))

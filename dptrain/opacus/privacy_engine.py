@@ -101,6 +101,10 @@ class PrivacyEngine(core.PrivacyEngine):
         """Opacus's make_private: (module, optimizer, data_loader), and with
         grad_sample_mode="ghost" (module, optimizer, criterion, data_loader)."""
         arguments = self._arguments(poisson_sampling, grad_sample_mode, kwargs)
+        if noise_generator is None and not self.secure_mode and "plan" not in kwargs:
+            changed("the noise is drawn from OS entropy, not torch's global RNG: torch.manual_seed "
+                    "does not repeat it. Pass noise_generator=torch.Generator().manual_seed(s) "
+                    "for reproducible noise.")
         model, dp_optimizer, loader = super().make_private(
             module=module, optimizer=optimizer, data_loader=data_loader,
             noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
