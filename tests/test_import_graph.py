@@ -100,3 +100,18 @@ def test_no_part_of_dptrain_imports_the_integrations():
         if _part(module) == "integrations"
     )
     assert offenders == []
+
+
+def parts_importing_the_opacus_layer(graph: dict[str, set[str]]) -> list[str]:
+    """The parts of `graph` other than dptrain.opacus that import it."""
+    return sorted(part for part, imported in graph.items() if "opacus" in imported and part != "opacus")
+
+
+def test_no_core_part_of_dptrain_imports_the_opacus_compatibility_layer():
+    """dptrain.opacus adapts Opacus's API onto the core; the core never depends on it."""
+    assert parts_importing_the_opacus_layer(import_graph()) == []
+
+
+def test_the_opacus_layer_rule_flags_a_core_part_that_imports_it():
+    assert parts_importing_the_opacus_layer({"privacy": {"opacus"}, "opacus": {"privacy"}}) == [
+        "privacy"]

@@ -1,0 +1,125 @@
+"""Opacus's accountants (``opacus.accountants``): dptrain's accountants with Opacus's
+``mechanism()``, assignable ``history``, state_dict keys {"history", "mechanism"},
+``get_privacy_spent`` and ``create_accountant``. RDPAccountant keeps Opacus's default orders."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Callable, Mapping
+
+from dptrain.accounting import gdp, prv, rdp
+from dptrain.accounting.base import Accountant, normalize_history
+
+
+class _OpacusAccountant:
+    """Mixin: the Opacus accountant interface over a dptrain Accountant."""
+
+    name: str
+
+    @classmethod
+    def mechanism(cls) -> str:
+        return cls.name
+
+    @property
+    def history(self) -> list[tuple[float, float, int]]:  # type: ignore[override]
+        return list(self._history)
+
+    @history.setter
+    def history(self, value: Any) -> None:
+        self._history = normalize_history(value)
+
+    def get_optimizer_hook_fn(self, sample_rate: float) -> Callable[[Any], None]:
+        """A DPOptimizer step hook that records each step at `sample_rate` and the optimizer's
+        current noise multiplier (attach it with optimizer.attach_step_hook)."""
+        def hook_fn(optimizer: Any) -> None:
+            self.step(noise_multiplier=optimizer.noise_multiplier, sample_rate=sample_rate)
+        return hook_fn
+
+    def state_dict(self, destination: dict | None = None) -> dict:  # type: ignore[override]
+        destination = OrderedDict() if destination is None else destination
+        destination["history"] = self.history
+        destination["mechanism"] = self.mechanism()
+        return destination
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
+        if not state_dict:
+            raise ValueError("state dict is either None or empty and hence cannot be loaded "
+                             "into Privacy Accountant.")
+        for key in ("history", "mechanism"):
+            if key not in state_dict:
+                raise ValueError(f"state_dict does not have the key `{key}`.")
+        if state_dict["mechanism"] != self.mechanism():
+            raise ValueError(f"state_dict of a {state_dict['mechanism']!r} accountant cannot be "
+                             f"loaded into a {self.mechanism()!r} accountant.")
+        self._history = normalize_history(state_dict["history"])
+
+
+class RDPAccountant(_OpacusAccountant, rdp.RDPAccountant):
+    """Opacus's RDP accountant: its default orders, get_epsilon(delta, alphas=None)."""
+
+    DEFAULT_ALPHAS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
+
+    def __init__(self) -> None:
+        super().__init__(orders=self.DEFAULT_ALPHAS)
+
+    def get_privacy_spent(self, *, delta: float, alphas: list[float] | None = None
+                          ) -> tuple[float, float]:
+        """(epsilon, best order) at `delta` over `alphas` (default: DEFAULT_ALPHAS)."""
+        other = rdp.RDPAccountant(orders=alphas or self.DEFAULT_ALPHAS)
+        other._history = self._history
+        if not self._history:
+            return 0.0, float("nan")
+        return other.get_epsilon_and_order(delta)
+
+    def get_epsilon(self, delta: float, alphas: list[float] | None = None,  # type: ignore[override]
+                    **kwargs: Any) -> float:
+        return self.get_privacy_spent(delta=delta, alphas=alphas)[0]
+
+
+class PRVAccountant(_OpacusAccountant, prv.PRVAccountant):
+    """Opacus's PRV accountant: get_epsilon(delta, *, eps_error=0.01)."""
+
+    def get_epsilon(self, delta: float, *, eps_error: float = 0.01,  # type: ignore[override]
+                    **kwargs: Any) -> float:
+        self.eps_error = eps_error
+        return super().get_epsilon(delta)
+
+
+class GaussianAccountant(_OpacusAccountant, gdp.GaussianAccountant):
+    """Opacus's GDP accountant (CLT approximation)."""
+
+    def get_epsilon(self, delta: float, poisson: bool = True,  # type: ignore[override]
+                    **kwargs: Any) -> float:
+        return super().get_epsilon(delta)
+
+
+_ACCOUNTANTS: dict[str, type[Accountant]] = {
+    "rdp": RDPAccountant, "prv": PRVAccountant, "gdp": GaussianAccountant}
+
+
+def register_accountant(mechanism: str, accountant: type, force: bool = False) -> None:
+    """Register an accountant class under `mechanism` (ValueError if taken, unless `force`)."""
+    if mechanism in _ACCOUNTANTS and not force:
+        raise ValueError(f"Accountant for mechanism {mechanism} is already registered")
+    _ACCOUNTANTS[mechanism] = accountant
+
+
+def create_accountant(mechanism: str) -> Accountant:
+    """A new accountant for `mechanism` ("rdp" | "prv" | "gdp")."""
+    if mechanism not in _ACCOUNTANTS:
+        raise ValueError(f"Unexpected accountant type: {mechanism}")
+    return _ACCOUNTANTS[mechanism]()
+
+
+class IAccountant(_OpacusAccountant):
+    """Opacus's accountant interface, for accountants written against it: subclasses implement
+    step(noise_multiplier=, sample_rate=), get_epsilon(delta), __len__ and mechanism()."""
+
+    name = "custom"
+
+    def __init__(self) -> None:
+        self._history: list = []
+
+__all__ = ["IAccountant", "RDPAccountant", "PRVAccountant", "GaussianAccountant",
+           "create_accountant", "register_accountant"]
+from dptrain.opacus.accountants import registry  # noqa: E402  (Opacus exposes the submodule)

@@ -1,0 +1,53 @@
+"""Opacus's ``opacus.grad_sample``: GradSampleModule (and the ghost-clipping module) of dptrain,
+``register_grad_sampler``; ``GradSampleModule(m, force_functorch=..)`` and the modes
+"functorch"/"ew" run dptrain's hooks (the same per-sample gradients)."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from torch import nn
+
+from dptrain.grad_sample.ghost import GhostClippingModule
+from dptrain.grad_sample.module import GradSampleModule as CoreGradSampleModule
+from dptrain.grad_sample.registry import register_grad_sampler
+
+GradSampleModuleFastGradientClipping = GhostClippingModule
+
+
+class GradSampleModule(CoreGradSampleModule):
+    """dptrain's GradSampleModule with Opacus's keywords (strict, force_functorch: accepted;
+    dptrain always validates the model and picks its own per-layer rules)."""
+
+    def __init__(self, m: nn.Module, *, batch_first: bool = True, loss_reduction: str = "mean",
+                 strict: bool = True, force_functorch: bool = False, **kwargs: Any) -> None:
+        super().__init__(m, batch_first=batch_first, loss_reduction=loss_reduction)
+        for p in self.parameters():
+            _OWNERS[id(p)] = self
+
+
+# id(parameter) -> the GradSampleModule made here that computes its per-sample gradients (how an
+# Opacus-style DPOptimizer, built from a plain optimizer, finds its module); an entry lives as
+# long as its module, which keeps the parameter (so its id) alive
+_OWNERS: "weakref.WeakValueDictionary[int, GradSampleModule]" = weakref.WeakValueDictionary()
+
+
+def owner_of(params: list[nn.Parameter]) -> CoreGradSampleModule | None:
+    """The GradSampleModule (made by dptrain.opacus) owning the first of `params`, or None."""
+    return next((_OWNERS[id(p)] for p in params if id(p) in _OWNERS), None)
+
+
+def wrap_model(model: nn.Module, grad_sample_mode: str, *args: Any, **kwargs: Any) -> nn.Module:
+    """Opacus's wrap_model: the GradSampleModule ("hooks", "functorch", "ew") or the
+    ghost-clipping module ("ghost") of `model`."""
+    if grad_sample_mode == "ghost":
+        return GhostClippingModule(model, batch_first=kwargs.get("batch_first", True),
+                                   loss_reduction=kwargs.get("loss_reduction", "mean"))
+    if grad_sample_mode not in ("hooks", "functorch", "ew"):
+        raise ValueError(f"Unexpected grad_sample_mode: {grad_sample_mode}")
+    return GradSampleModule(model, **kwargs)
+
+
+__all__ = ["GradSampleModule", "GradSampleModuleFastGradientClipping", "register_grad_sampler",
+           "wrap_model"]

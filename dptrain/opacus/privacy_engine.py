@@ -1,0 +1,185 @@
+"""Opacus's ``PrivacyEngine`` (``opacus.privacy_engine``) on dptrain's engine.
+
+Opacus's keyword arguments are mapped onto dptrain's: ``poisson_sampling=False`` becomes
+``sampling="shuffle"`` (accounted without amplification), ``grad_sample_mode="functorch"``/``"ew"``
+become ``"hooks"``, Opacus's adaptive-clipping names become dptrain's, and
+``grad_sample_mode="ghost"`` returns Opacus's four values (model, optimizer, criterion, loader).
+Each mapping that changes what runs warns (see dptrain.opacus._warn).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import IO, Any, BinaryIO, Union
+
+import torch
+from torch import nn
+
+from dptrain.opacus._warn import changed
+from dptrain.opacus.accountants import create_accountant
+from dptrain.opacus.validators import ModuleValidator
+from dptrain.privacy import engine as core
+
+_GRAD_SAMPLE_MODES = {"hooks": "hooks", "functorch": "hooks", "ew": "hooks", "ghost": "ghost"}
+# Opacus's adaptive-clipping keyword -> dptrain's (None: no dptrain counterpart)
+_ADAPTIVE = {"target_unclipped_quantile": "target_unclipped_quantile",
+             "clipbound_learning_rate": "clipbound_learning_rate",
+             "unclipped_num_std": "count_noise_std", "max_clipbound": None, "min_clipbound": None}
+
+
+class DPLossFastGradientClipping:
+    """Opacus's ghost-clipping criterion: ``criterion(output, target)`` gives the loss whose
+    ``backward()`` does the ghost clipping (dptrain's GhostClippingModule does it in the one
+    backward pass, so the loss is the plain criterion's, reduced as `loss_reduction` says)."""
+
+    def __init__(self, module: nn.Module, optimizer: Any, criterion: nn.Module,
+                 loss_reduction: str = "mean") -> None:
+        self.module, self.optimizer, self.criterion = module, optimizer, criterion
+        self.loss_reduction = loss_reduction
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.criterion(*args, **kwargs)
+
+
+def _grad_sample_mode(mode: str) -> str:
+    """dptrain's grad_sample_mode for Opacus's `mode` (ValueError for an unknown one)."""
+    if mode not in _GRAD_SAMPLE_MODES:
+        raise ValueError(f"Unexpected grad_sample_mode: {mode}; dptrain.opacus supports "
+                         f"{sorted(_GRAD_SAMPLE_MODES)}.")
+    if _GRAD_SAMPLE_MODES[mode] != mode:
+        changed(f"grad_sample_mode={mode!r} runs as 'hooks' (the same per-sample gradients); "
+                "pass grad_sample_mode='hooks' to silence this.")
+    return _GRAD_SAMPLE_MODES[mode]
+
+
+def _adaptive_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """dptrain's adaptive-clipping keywords for Opacus's (clip bounds are not bounded there)."""
+    mapped = {}
+    for name in list(kwargs):
+        if name in _ADAPTIVE:
+            value = kwargs.pop(name)
+            if _ADAPTIVE[name] is None:
+                changed(f"{name} is ignored: dptrain's adaptive clipping has no clip-bound limits.")
+            else:
+                mapped[_ADAPTIVE[name]] = value
+    return mapped
+
+
+class PrivacyEngine(core.PrivacyEngine):
+    """Opacus's PrivacyEngine(accountant="prv", secure_mode=False) over dptrain's engine.
+
+    The accountant is the Opacus-shaped one of dptrain.opacus.accountants. Without secure_mode
+    the noise comes from OS entropy (not torch's global RNG): pass `noise_generator` to
+    make_private for reproducible noise.
+    """
+
+    def __init__(self, *, accountant: str = "prv", secure_mode: bool = False) -> None:
+        super().__init__(accountant=create_accountant(accountant), secure_mode=secure_mode)
+
+    def _arguments(self, poisson_sampling: bool, grad_sample_mode: str,
+                   kwargs: dict[str, Any]) -> dict[str, Any]:
+        """dptrain's make_private keywords for Opacus's."""
+        for ignored in ("wrap_model", "rand_on_empty"):
+            kwargs.pop(ignored, None)
+        mapped = _adaptive_kwargs(kwargs)
+        mapped["grad_sample_mode"] = _grad_sample_mode(grad_sample_mode)
+        if not poisson_sampling:
+            changed("poisson_sampling=False: batches are fixed-size from a shuffle each epoch and "
+                    "epsilon is accounted WITHOUT amplification by subsampling (larger than "
+                    "Opacus reports, which charges such a loader as Poisson). Keep "
+                    "poisson_sampling=True for the amplified epsilon.")
+            mapped["sampling"] = "shuffle"
+        return {**kwargs, **mapped}
+
+    def make_private(self, *, module: nn.Module, optimizer: torch.optim.Optimizer,  # type: ignore[override]
+                     criterion: nn.Module | None = None, data_loader: Any,
+                     noise_multiplier: float | None = None,
+                     max_grad_norm: float | list[float] = 1.0, batch_first: bool = True, loss_reduction: str = "mean",
+                     poisson_sampling: bool = True, clipping: str = "flat",
+                     noise_generator: torch.Generator | None = None,
+                     grad_sample_mode: str = "hooks", **kwargs: Any) -> tuple:
+        """Opacus's make_private: (module, optimizer, data_loader), and with
+        grad_sample_mode="ghost" (module, optimizer, criterion, data_loader)."""
+        arguments = self._arguments(poisson_sampling, grad_sample_mode, kwargs)
+        if noise_generator is None and not self.secure_mode and "plan" not in kwargs:
+            changed("the noise is drawn from OS entropy, not torch's global RNG: torch.manual_seed "
+                    "does not repeat it. Pass noise_generator=torch.Generator().manual_seed(s) "
+                    "for reproducible noise.")
+        model, dp_optimizer, loader = super().make_private(
+            module=module, optimizer=optimizer, data_loader=data_loader,
+            noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
+            batch_first=batch_first, loss_reduction=loss_reduction, clipping=clipping,
+            noise_generator=noise_generator, **arguments)
+        if grad_sample_mode != "ghost":
+            return model, dp_optimizer, loader
+        wrapped = DPLossFastGradientClipping(model, dp_optimizer, criterion or nn.CrossEntropyLoss(),
+                                             loss_reduction)
+        return model, dp_optimizer, wrapped, loader
+
+    def make_private_with_epsilon(self, *, module: nn.Module,  # type: ignore[override]
+                                  optimizer: torch.optim.Optimizer,
+                                  criterion: nn.Module | None = None, data_loader: Any,
+                                  target_epsilon: float, target_delta: float, epochs: int,
+                                  max_grad_norm: float | list[float],
+                                  poisson_sampling: bool = True, grad_sample_mode: str = "hooks",
+                                  epsilon_tolerance: float = 0.01, **kwargs: Any) -> tuple:
+        """Opacus's make_private_with_epsilon (the four values with grad_sample_mode="ghost")."""
+        arguments = self._arguments(poisson_sampling, grad_sample_mode, kwargs)
+        model, dp_optimizer, loader = super().make_private_with_epsilon(
+            module=module, optimizer=optimizer, data_loader=data_loader,
+            target_epsilon=target_epsilon, target_delta=target_delta, epochs=epochs,
+            max_grad_norm=max_grad_norm, epsilon_tolerance=epsilon_tolerance, **arguments)
+        if grad_sample_mode != "ghost":
+            return model, dp_optimizer, loader
+        return model, dp_optimizer, DPLossFastGradientClipping(
+            model, dp_optimizer, criterion or nn.CrossEntropyLoss()), loader
+
+    @classmethod
+    def get_compatible_module(cls, module: nn.Module) -> nn.Module:
+        """Opacus's: the fixed copy of `module` (ModuleValidator.fix), validated strictly."""
+        return ModuleValidator.fix_and_validate(module)
+
+    @classmethod
+    def is_compatible(cls, *, module: nn.Module, optimizer: Any = None,
+                      data_loader: Any = None) -> bool:
+        """True when ModuleValidator finds no problem in `module`."""
+        return ModuleValidator.is_valid(module)
+
+    @classmethod
+    def validate(cls, *, module: nn.Module, optimizer: Any = None, data_loader: Any = None) -> None:
+        """Raise UnsupportedModuleError for any problem ModuleValidator finds in `module`."""
+        ModuleValidator.validate(module, strict=True)
+
+    def save_checkpoint(self, *, path: Union[str, os.PathLike, BinaryIO, IO[bytes]],
+                        module: nn.Module, optimizer: Any = None, noise_scheduler: Any = None,
+                        grad_clip_scheduler: Any = None, checkpoint_dict: dict | None = None,
+                        module_state_dict_kwargs: dict | None = None,
+                        torch_save_kwargs: dict | None = None) -> None:
+        """Opacus's checkpoint: module, accountant, optimizer and scheduler states at `path`."""
+        checkpoint = dict(checkpoint_dict or {})
+        checkpoint["module_state_dict"] = module.state_dict(**(module_state_dict_kwargs or {}))
+        checkpoint["privacy_accountant_state_dict"] = self.accountant.state_dict()
+        for key, obj in (("optimizer_state_dict", optimizer),
+                         ("noise_scheduler_state_dict", noise_scheduler),
+                         ("grad_clip_scheduler_state_dict", grad_clip_scheduler)):
+            if obj is not None:
+                checkpoint[key] = obj.state_dict()
+        torch.save(checkpoint, path, **(torch_save_kwargs or {}))
+
+    def load_checkpoint(self, *, path: Union[str, os.PathLike, BinaryIO, IO[bytes]],
+                        module: nn.Module, optimizer: Any = None, noise_scheduler: Any = None,
+                        grad_clip_scheduler: Any = None,
+                        module_load_dict_kwargs: dict | None = None,
+                        torch_load_kwargs: dict | None = None) -> dict:
+        """Restore what save_checkpoint wrote; returns the rest of the checkpoint dict."""
+        checkpoint = torch.load(path, **{"weights_only": False, **(torch_load_kwargs or {})})
+        module.load_state_dict(checkpoint.pop("module_state_dict"),
+                               **(module_load_dict_kwargs or {}))
+        self.accountant.load_state_dict(checkpoint.pop("privacy_accountant_state_dict"))
+        for key, obj in (("optimizer_state_dict", optimizer),
+                         ("noise_scheduler_state_dict", noise_scheduler),
+                         ("grad_clip_scheduler_state_dict", grad_clip_scheduler)):
+            state = checkpoint.pop(key, None)
+            if obj is not None and state:
+                obj.load_state_dict(state)
+        return checkpoint

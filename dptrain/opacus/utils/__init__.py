@@ -1,0 +1,1 @@
+"""Opacus's ``opacus.utils``."""
