@@ -39,6 +39,7 @@ SWEEP_LEDGER_FILENAME = "sweep_ledger.json"
 TUNING_FILENAME = "tuning.json"      # written by `dptrain tune` before its first trial
 SWEEP_LEDGER_VERSION = 1
 TUNING_ACCOUNTANT = "rdp"            # the random-stopping theorems are Renyi-DP bounds
+POISSON = "poisson"                  # the ledger's mechanism.sampling the costs are composed for
 RELATIVE_TOLERANCE = 1e-6
 ALL_COMPOSED_NOTE = ("every job's history composed: holds for releasing any job of the sweep, "
                      "chosen in any way (by validation or test accuracy...)")
@@ -78,6 +79,7 @@ def _job_entry(sweep_dir: Path, job_dir: Path) -> tuple[dict[str, Any], History 
         entry["error"] = " ".join(str(error).split())
         return entry, None
     entry.update(status=data["status"], private=data["private"], accountant=data["accountant"],
+                 sampling=(data.get("mechanism") or {}).get("sampling", POISSON),
                  delta=data["delta"], epsilon=data["epsilon"],
                  steps=data["steps_completed"] + data["committed_ahead"],
                  history_sha256=history_sha256(data["history"]))
@@ -96,6 +98,18 @@ def _common(entries: list[dict[str, Any]], key: str) -> set[Any]:
     return {e[key] for e in entries if e.get("private")}
 
 
+def _not_poisson(entries: list[dict[str, Any]]) -> str | None:
+    """Why the jobs' histories cannot be composed by the Poisson accountants (None when they
+    can): a job whose batches were not Poisson-sampled (privacy.sampling=shuffle) is accounted
+    without amplification, and its history read as Poisson steps would under-count it."""
+    jobs = [e["job"] for e in entries if e.get("private") and e.get("sampling") != POISSON]
+    if not jobs:
+        return None
+    return (f"unknown: job(s) {', '.join(jobs)} did not use Poisson sampling, and the sweep's "
+            "costs are composed for Poisson-sampled histories only (each job's own ledger "
+            "states its epsilon)")
+
+
 def _all_composed(entries: list[dict[str, Any]], histories: list[History | None],
                   delta: float | None, accountant: str) -> dict[str, Any]:
     cost: dict[str, Any] = {"epsilon": None, "accountant": accountant, "delta": delta,
@@ -105,6 +119,8 @@ def _all_composed(entries: list[dict[str, Any]], histories: list[History | None]
     if broken:
         cost["reason"] = (f"unknown: the ledger of job(s) {', '.join(broken)} cannot be read or "
                           "is missing")
+    elif (unaccounted := _not_poisson(entries)) is not None:
+        cost["reason"] = unaccounted
     elif public:
         cost["epsilon"] = math.inf
         cost["reason"] = (f"job(s) {', '.join(public)} trained without privacy (privacy=none) on "
@@ -130,6 +146,8 @@ def _random_stopping(tuning: dict[str, Any], entries: list[dict[str, Any]],
                           "have run")
     elif any(h is None for h in histories):
         cost["reason"] = "does not hold: a job is not private or its ledger cannot be read"
+    elif (unaccounted := _not_poisson(entries)) is not None:
+        cost["reason"] = unaccounted
     elif delta is None or not histories:
         cost["epsilon"] = 0.0
     else:

@@ -102,11 +102,13 @@ def test_dptrain_ledger_fails_when_a_job_of_the_sweep_is_left_out_of_its_ledger(
 
 
 # ------------------------------------------------------------------ hand-made job folders
-def _ledger(job_dir: Path, history: list | None) -> None:
-    """A finished ledger in `job_dir`: private with `history` (rdp, delta 1e-5), or non-private."""
+def _ledger(job_dir: Path, history: list | None, sampling: str = "poisson") -> None:
+    """A finished ledger in `job_dir`: private with `history` (rdp, delta 1e-5; its batches
+    selected by `sampling`), or non-private."""
     private = history is not None
+    mechanism = {"algorithm": "DP-SGD", "sampling": sampling}
     ledger = PrivacyLedger.create(job_dir, config={}, dataset_name="digits", dataset_size=1000,
-                                  mechanism={"algorithm": "DP-SGD"} if private else None,
+                                  mechanism=mechanism if private else None,
                                   accountant="rdp" if private else None, target_epsilon=None,
                                   delta=1e-5 if private else None)
     steps = sum(n for _, _, n in history or [])
@@ -141,3 +143,11 @@ def test_an_unreadable_job_ledger_makes_the_cost_unknown_not_smaller(tmp_path):
     (job / "privacy_ledger.json").write_text("{ torn")
     cost = sweep_cost(tmp_path)
     assert cost["epsilon"] is None and "cannot be read" in cost["cost"]["all_composed"]["reason"]
+
+
+def test_a_shuffled_job_makes_the_cost_unknown_not_composed_as_poisson_steps(tmp_path):
+    _ledger(make_job(tmp_path, "0", ["a=0"], done(1.0, 0.5)), [(1.0, 0.1, 10)])
+    _ledger(make_job(tmp_path, "1", ["a=1"], done(1.0, 0.5)), [(1.0, 0.1, 10)], "shuffle")
+    cost = sweep_cost(tmp_path)
+    assert cost["epsilon"] is None
+    assert "job(s) 1 did not use Poisson sampling" in cost["cost"]["all_composed"]["reason"]
