@@ -352,7 +352,6 @@ class PrivacyEngine:
                 sample_rate=sample_rate,
                 noise_generator=noise_generator or self.noise_generator,
                 secure_mode=self.secure_mode, noise_schedule=noise_sched,
-                sample_rate_schedule=rate_sched,
                 sample_rate_source=getattr(private_loader, "batch_sample_rate", None))
         except BaseException:
             if source is not module:  # a wrapper made here: leave the user's model as it was
@@ -424,9 +423,21 @@ class PrivacyEngine:
     # -- accounting ----------------------------------------------------------------------------
     def _account_step(self, optimizer: DPOptimizer) -> None:
         """Step hook: the accountant records the sigma and q this step actually used (q is the
-        one the released batch was sampled with; see DPOptimizer.sample_rate_source)."""
+        one the private loader drew the released batch with: DPOptimizer.sample_rate_source)."""
         self.accountant.step(noise_multiplier=optimizer.noise_multiplier,
                              sample_rate=optimizer.sample_rate)
+
+    def sample_rate_at(self, step: int) -> float:
+        """q of logical step `step` (0-based) when every batch is stepped on: the plan's
+        selection schedule as the private loader's sampler (its one evaluator) draws batch
+        `step` with it, else the sampler's q (a caller's own loader: the plan's q)."""
+        sampler = getattr(self.data_loader, "poisson_sampler", None)
+        schedule = getattr(sampler, "sample_rate_schedule", None)
+        if schedule is not None:
+            return check_sample_rate(schedule(step), f"sample_rate_schedule (value at step {step})")
+        if sampler is not None:
+            return float(sampler.sample_rate)
+        return float(self.plan.selection.sample_rate)
 
     def get_epsilon(self, delta: float) -> float:
         """Epsilon spent so far at `delta` (warns when the loader is not Poisson-sampled, and when
