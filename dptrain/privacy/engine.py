@@ -165,18 +165,11 @@ def _check_optimizer_params(optimizer: Optimizer, module: nn.Module,
             "model.parameters() of the same model before make_private.")
 
 
-def _reproducible_mechanism(reproducible_mechanism: Any, reproducible_noise: Any) -> bool:
-    """`reproducible_mechanism`, or its deprecated alias `reproducible_noise` when given (with a
-    DeprecationWarning); ConfigError unless they are bools."""
-    for name, value in (("reproducible_mechanism", reproducible_mechanism),
-                        ("reproducible_noise", reproducible_noise)):
-        if not isinstance(value, bool) and not (name == "reproducible_noise" and value is None):
-            raise ConfigError(f"{name}={value!r} must be True or False.")
-    if reproducible_noise is None:
-        return reproducible_mechanism
-    warnings.warn("reproducible_noise is deprecated: use reproducible_mechanism, which seeds the "
-                  "noise and the Poisson sampling from the seed.", DeprecationWarning, stacklevel=3)
-    return reproducible_mechanism or reproducible_noise
+def _check_flag(name: str, value: Any) -> bool:
+    """`value` when it is a bool; ConfigError naming the argument otherwise."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} must be True or False.")
+    return value
 
 
 class PrivacyEngine:
@@ -196,13 +189,11 @@ class PrivacyEngine:
             by subsampling, which the accountant counts on, assumes that is secret). Default
             False: both generators are seeded from OS entropy, independent of `seed` and of
             torch's global RNG, and their states are never saved (`state_dict` leaves them out).
-        reproducible_noise: deprecated alias of `reproducible_mechanism`.
     """
 
     def __init__(self, accountant: Any = "prv", secure_mode: bool = False,
-                 seed: int | None = None, reproducible_mechanism: bool = False,
-                 reproducible_noise: bool | None = None) -> None:
-        reproducible = _reproducible_mechanism(reproducible_mechanism, reproducible_noise)
+                 seed: int | None = None, reproducible_mechanism: bool = False) -> None:
+        reproducible = _check_flag("reproducible_mechanism", reproducible_mechanism)
         if reproducible and secure_mode:
             raise ConfigError("reproducible_mechanism=True cannot be combined with "
                               "secure_mode=True (privacy.reproducible_mechanism, "
@@ -598,15 +589,13 @@ class PrivateTraining(NamedTuple):
 
 
 def make_private(*, accountant: Any = "prv", secure_mode: bool = False, seed: int | None = None,
-                 reproducible_mechanism: bool = False, reproducible_noise: bool | None = None,
-                 **kwargs: Any) -> PrivateTraining:
+                 reproducible_mechanism: bool = False, **kwargs: Any) -> PrivateTraining:
     """One call: a new PrivacyEngine(accountant, secure_mode, seed, reproducible_mechanism) and
-    its make_private(**kwargs) (`reproducible_noise`: deprecated alias of reproducible_mechanism).
+    its make_private(**kwargs).
 
     Returns (module, optimizer, data_loader, engine); engine.get_epsilon(delta) reports epsilon.
     """
     engine = PrivacyEngine(accountant=accountant, secure_mode=secure_mode, seed=seed,
-                           reproducible_mechanism=reproducible_mechanism,
-                           reproducible_noise=reproducible_noise)
+                           reproducible_mechanism=reproducible_mechanism)
     module, optimizer, data_loader = engine.make_private(**kwargs)
     return PrivateTraining(module, optimizer, data_loader, engine)

@@ -75,7 +75,8 @@ REPRODUCIBLE_MECHANISM_NOTE = (
 # train.seed, when the resumed process does not.
 EARLIER_REPRODUCIBLE_NOTE = (
     "an earlier process of this run drew its Poisson sampling coins (and with "
-    "privacy.reproducible_noise=true or privacy.reproducible_mechanism=true its noise) from "
+    "privacy.reproducible_mechanism=true, privacy.reproducible_noise=true in older configs, its "
+    "noise) from "
     "generators seeded from train.seed; a ledger written before mechanism.randomness was recorded "
     "always did outside secure mode. For those steps: " + REPRODUCIBLE_MECHANISM_NOTE)
 APPROXIMATE_ACCOUNTANTS = frozenset({"gdp"})  # CLT approximation, not an upper bound
