@@ -25,7 +25,6 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from dptrain.accounting import get_accountant
-from dptrain.accounting.shuffle import ShuffleAccountant
 from dptrain.data.distributed import DistributedDPDataLoader
 from dptrain.data.sampling import (
     DPDataLoader,
@@ -351,9 +350,9 @@ class PrivacyEngine:
         if callable(getattr(private_loader, "add_hand_out_listener", None)):
             dp_optimizer.follow_loader(private_loader)
         dp_optimizer.attach_step_hook(self._account_step)
-        if plan.selection.accounting == "shuffle" and not isinstance(self.accountant,
-                                                                      ShuffleAccountant):
-            self.accountant = get_accountant(self.accountant.name, "shuffle")
+        if plan.selection.accounting != getattr(self.accountant, "sampling", "poisson"):
+            # the accountant of the plan's selection (e.g. shuffle: no amplification)
+            self.accountant = get_accountant(self.accountant.name, plan.selection.accounting)
         self.optimizer, self.data_loader, self.dataset_size = dp_optimizer, private_loader, num_samples
         self.plan, self.performance = plan, performance
         self.privacy_unit = plan.unit.kind
