@@ -71,9 +71,9 @@ def finetune_zero_init_head(lora: Any, task: str) -> bool:
 
     A random new head adds to every text's logits an offset (its weights against the features
     all texts share) that can outweigh what separates the classes, so that every text gets the
-    same label until training undoes it: on all-MiniLM-L6-v2 one seed in five stayed at 50 %
-    (docs/transformers.md, "Defaults of model=hf"). Not measured with LoRA, which keeps PEFT's
-    head."""
+    same label until training undoes it: on all-MiniLM-L6-v2 at lr 2e-3, one seed reached 73 %
+    with a random head and 90 % with this one (docs/transformers.md, "Defaults of model=hf").
+    Not measured with LoRA, which keeps PEFT's head."""
     return _full_finetune_of_classifier(lora, task)
 
 
