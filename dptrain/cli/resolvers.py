@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 # AdamW learning rates of model=hf, measured on all-MiniLM-L6-v2 at epsilon 3 (docs/transformers.md,
 # "Defaults"): full fine-tuning at 2e-3, Li et al. 2022's rate for GPT-2 on E2E (at their
 # classification rate, 5e-4, a new head hardly moved in the ~100 steps of a small data set: test
-# loss 0.676 against 0.693 at chance, accuracy 50-93 % by seed); LoRA, whose few adapter weights
+# loss 0.676-0.687 against 0.693 at chance, accuracy 50-93 % by seed); LoRA, whose few adapter weights
 # start from zero, at 1e-2 (5e-4 to 5e-3 left it at chance on a few hundred examples)
 FULL_FINETUNE_LR = 2.0e-3
 LORA_LR = 1.0e-2
