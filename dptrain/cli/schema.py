@@ -147,6 +147,7 @@ class HFModelConfig(ModelConfig):
     pad_token: Optional[str] = None
     download: bool = False
     freeze_embeddings: bool = False
+    zero_init_head: bool = False
 
 
 # ----------------------------------------------------------------------------- optimizer

@@ -326,6 +326,24 @@ def freeze_parameters(model: nn.Module, patterns: Sequence[str]) -> list[str]:
     return frozen
 
 
+def zero_new_head(model: nn.Module, new_keys: Sequence[str], num_labels: int) -> list[str]:
+    """Set to zero the new classification head's output layer: each `nn.Linear` of
+    `num_labels` outputs whose weight the checkpoint did not hold (`new_keys`: the names
+    `from_pretrained` reports missing or of a mismatched size). A head the checkpoint held is
+    left as trained; a new head's hidden layers (RoBERTa's `classifier.dense`) keep their random
+    initialisation, so the output layer's gradient is not zero. The names set to zero."""
+    new = set(new_keys)
+    zeroed: list[str] = []
+    for name, module in model.named_modules():
+        if (isinstance(module, nn.Linear) and module.out_features == num_labels
+                and f"{name}.weight" in new):
+            with torch.no_grad():
+                for parameter in module.parameters(recurse=False):
+                    parameter.zero_()
+            zeroed.append(name)
+    return zeroed
+
+
 # ----------------------------------------------------------------------------- building
 def build_hf_model(
     name_or_path: str,
@@ -337,6 +355,7 @@ def build_hf_model(
     pad_token: str | None = None,
     download: bool = False,
     freeze_embeddings: bool = False,
+    zero_init_head: bool = False,
 ) -> HFModel:
     """A pretrained model ready for `make_private`.
 
@@ -354,6 +373,9 @@ def build_hf_model(
         download: allow downloading `name_or_path` from the hub.
         freeze_embeddings: keep the input token embeddings frozen (`get_input_embeddings()`;
             a causal LM whose output layer is tied to them keeps that fixed too).
+        zero_init_head: start a new classification head's output layer at zero (`zero_new_head`),
+            so that its first logits are 0 for every text instead of a random offset that the
+            first noisy steps must undo (docs/transformers.md, "Defaults of model=hf").
     """
     transformers = _import_hf()
     if task not in TASKS:
@@ -373,9 +395,14 @@ def build_hf_model(
     else:
         auto = transformers.AutoModelForCausalLM
     with _no_progress_bars(not download, transformers):
-        model = from_pretrained(auto.from_pretrained, name_or_path, download=download,
-                                key="model.name_or_path", what="the model", **kwargs)
+        model, loading = from_pretrained(auto.from_pretrained, name_or_path, download=download,
+                                         key="model.name_or_path", what="the model",
+                                         output_loading_info=True, **kwargs)
     model.config.pad_token_id = tokenizer.pad_token_id
+    if zero_init_head and task == "sequence_classification":
+        new_keys = [*loading.get("missing_keys", ()),
+                    *(k[0] if isinstance(k, tuple) else k for k in loading.get("mismatched_keys", ()))]
+        zero_new_head(model, new_keys, num_labels)
     if lora_settings is not None:
         model = add_lora(model, lora_settings, task)
     freeze_parameters(model, list(freeze or ()))

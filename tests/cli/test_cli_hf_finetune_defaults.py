@@ -33,11 +33,18 @@ def _composed(*overrides: str) -> dict:
 def test_model_hf_brings_adamw_a_schedule_ghost_clipping_frozen_embeddings_and_sizing() -> None:
     cfg = _composed()
     assert cfg["optimizer"]["_target_"] == "torch.optim.AdamW"
-    assert (cfg["optimizer"]["lr"], cfg["optimizer"]["weight_decay"]) == (5e-4, 0.0)
+    assert (cfg["optimizer"]["lr"], cfg["optimizer"]["weight_decay"]) == (2e-3, 0.0)
     assert cfg["lr_schedule"]["kind"] == "linear"
     assert (cfg["privacy"]["grad_sample_mode"], cfg["privacy"]["max_grad_norm"]) == ("ghost", 0.1)
     assert (cfg["train"]["epochs"], cfg["train"]["batch_size"]) == (None, None)
     assert cfg["model"]["freeze_embeddings"] is True
+
+
+def test_full_fine_tuning_of_a_classifier_starts_its_new_head_at_zero() -> None:
+    assert _composed()["model"]["zero_init_head"] is True
+    assert _composed(LORA)["model"]["zero_init_head"] is False
+    assert _composed("model.task=causal_lm")["model"]["zero_init_head"] is False
+    assert _composed("model.zero_init_head=false")["model"]["zero_init_head"] is False
 
 
 def test_model_hf_with_lora_uses_hooks_and_the_lora_learning_rate() -> None:

@@ -148,6 +148,27 @@ def test_freeze_embeddings_keeps_only_the_input_token_embeddings_frozen(
     assert frozen == {"model.bert.embeddings.word_embeddings.weight"}
 
 
+@pytest.mark.parametrize("kind, head", [("bert", "classifier"), ("roberta", "classifier.out_proj"),
+                                        ("gpt2", "score")])
+def test_zero_init_head_starts_only_a_new_heads_output_layer_at_zero(
+        folders: dict[str, Path], kind: str, head: str) -> None:
+    pad = {"pad_token": PAD_TOKENS[kind]} if PAD_TOKENS[kind] else {}
+    model = build_hf_model(str(folders[kind]), num_labels=3, zero_init_head=True, **pad)
+    random = build_hf_model(str(folders[kind]), num_labels=3, **pad)
+    prefix = f"model.{head}."
+    for (name, p), (_, q) in zip(model.named_parameters(), random.named_parameters()):
+        if name.startswith(prefix):  # (a random head's bias starts at 0 too)
+            assert not p.any() and (q.any() or name.endswith("bias")), name
+        else:
+            torch.testing.assert_close(p, q, rtol=0, atol=0, msg=name)
+    assert not model(_batch(model, ["i liked it", "a bad movie"], 8)).any()  # logits all 0
+
+
+def test_zero_init_head_keeps_a_head_the_checkpoint_holds(folders: dict[str, Path]) -> None:
+    model = build_hf_model(str(folders["bert"]), num_labels=2, zero_init_head=True)
+    assert model.model.classifier.weight.abs().min() > 0  # the saved (trained) head
+
+
 def test_freeze_pattern_matching_no_parameter_is_refused(folders: dict[str, Path]) -> None:
     with pytest.raises(ConfigError, match=r"model.freeze: '\*embedings\*' matches no parameter"):
         build_hf_model(str(folders["bert"]), freeze=["*embedings*"])
