@@ -16,6 +16,7 @@ from ddp_workers import init_gloo
 # Imported here, in the test process, so that the forked ranks inherit them.
 import torch.distributed.fsdp  # noqa: F401,E402
 import torch.distributed.tensor  # noqa: F401,E402
+import dptrain.distributed.fsdp  # noqa: F401,E402
 
 SEED = 1234
 N = 40
@@ -25,6 +26,69 @@ def mlp_problem() -> tuple[nn.Module, TensorDataset, Callable[[nn.Module, Any], 
     """The DDP tests' float64 MLP and dataset, and its loss(module, batch)."""
     model, data = ddp_workers.make_problem()
     return model, data, lambda module, batch: nn.functional.cross_entropy(module(batch[0]), batch[1])
+
+
+VOCAB, SEQ, WIDTH = 30, 6, 16
+
+
+def _token_data(labels: torch.Tensor | None = None) -> TensorDataset:
+    """N random token sequences [N, SEQ] (and `labels`), identical on every rank."""
+    gen = torch.Generator().manual_seed(SEED)
+    ids = torch.randint(0, VOCAB, (N, SEQ), generator=gen)
+    return TensorDataset(ids) if labels is None else TensorDataset(ids, labels)
+
+
+def gpt2_problem() -> tuple[nn.Module, TensorDataset, Callable[[nn.Module, Any], torch.Tensor]]:
+    """A tiny float64 GPT-2 LM whose head is tied to its token embedding; loss: each sequence's
+    mean next-token loss, averaged over the batch."""
+    import transformers as t
+
+    torch.manual_seed(SEED)
+    model = t.GPT2LMHeadModel(t.GPT2Config(
+        vocab_size=VOCAB, n_embd=WIDTH, n_layer=2, n_head=2, n_positions=SEQ, resid_pdrop=0.0,
+        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)).double()
+    assert model.lm_head.weight is model.transformer.wte.weight
+
+    def loss(module: nn.Module, batch: Any) -> torch.Tensor:
+        (ids,) = batch
+        logits = module(input_ids=ids).logits[:, :-1]
+        per_token = nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+        return per_token.mean(dim=1).mean()
+
+    return model, _token_data(), loss
+
+
+def gpt2_blocks(model: nn.Module) -> list[nn.Module]:
+    return list(model.transformer.h)
+
+
+def bert_lora_problem() -> tuple[nn.Module, TensorDataset, Callable[[nn.Module, Any], torch.Tensor]]:
+    """A tiny float64 BERT classifier with LoRA adapters (rank 2) on query and value, only the
+    adapters trainable."""
+    import peft
+    import transformers as t
+
+    torch.manual_seed(SEED)
+    base = t.BertForSequenceClassification(t.BertConfig(
+        vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=2 * WIDTH, max_position_embeddings=SEQ, num_labels=2,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).double()
+    model = peft.get_peft_model(base, peft.LoraConfig(r=2, lora_alpha=4, lora_dropout=0.0,
+                                                      target_modules=["query", "value"]))
+    for name, p in model.named_parameters():  # LoRA's B starts at 0: start it away from 0
+        if "lora_B" in name:
+            nn.init.normal_(p, std=0.1)
+    labels = torch.randint(0, 2, (N,), generator=torch.Generator().manual_seed(SEED + 1))
+
+    def loss(module: nn.Module, batch: Any) -> torch.Tensor:
+        ids, y = batch
+        return nn.functional.cross_entropy(module(input_ids=ids).logits, y)
+
+    return model, _token_data(labels), loss
+
+
+def bert_layers(model: nn.Module) -> list[nn.Module]:
+    return list(model.base_model.model.bert.encoder.layer)
 
 
 def _shard(model: nn.Module, units: Callable[[nn.Module], list[nn.Module]],
@@ -47,15 +111,40 @@ def full_parameters(module: nn.Module) -> torch.Tensor:
                       for p in module.parameters()])
 
 
+def no_units(model: nn.Module) -> list[nn.Module]:
+    return []
+
+
+def first_layer(model: nn.Module) -> list[nn.Module]:
+    return [model[0]]
+
+
+def bf16_policy() -> Any:
+    """FSDP's mixed precision: bf16 parameters and compute, float32 reduction."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+def mlp_float32_problem() -> tuple[nn.Module, TensorDataset, Callable[[nn.Module, Any], torch.Tensor]]:
+    """The MLP problem in float32 (for bf16 mixed precision)."""
+    model, data, loss = mlp_problem()
+    x, y = data.tensors
+    return model.float(), TensorDataset(x.float(), y), loss
+
+
 def train_private(problem: Callable[[], tuple], sharded: bool, steps: int,
                   noise_multiplier: float, grad_sample_mode: str = "hooks", lr: float = 0.5,
-                  batch: int = 10, units: Callable[[nn.Module], list[nn.Module]] = lambda m: [],
-                  mp_policy: Any = None, max_grad_norm: float = 0.3) -> dict[str, Any]:
-    """`steps` DP-SGD steps on `problem()`, fully sharded when `sharded`: the final parameters
-    (gathered), the accountant's history and every step's noise of this rank's rows."""
+                  batch: int = 10, units: Callable[[nn.Module], list[nn.Module]] = no_units,
+                  mixed_precision: bool = False, max_grad_norm: float = 0.3) -> dict[str, Any]:
+    """`steps` DP-SGD steps on `problem()`, fully sharded (with bf16 `mixed_precision`) when
+    `sharded`: the final parameters (gathered), the accountant's history and epsilon, every
+    step's noise of this rank's rows in gradient units (p.grad - p.summed_grad / B) and the
+    dtypes of the clipped sums."""
     from dptrain.privacy.engine import PrivacyEngine
 
     model, data, loss_fn = problem()
+    mp_policy = bf16_policy() if mixed_precision else None
     if sharded:
         model = _shard(model, units, mp_policy)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
@@ -65,8 +154,11 @@ def train_private(problem: Callable[[], tuple], sharded: bool, steps: int,
         noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
         grad_sample_mode=grad_sample_mode)
     noises: list[torch.Tensor] = []
+    sum_dtypes: set[str] = set()
     optimizer.attach_step_hook(lambda opt: noises.append(torch.cat(
-        [_local(p.grad * opt.expected_batch_size - p.summed_grad).flatten() for p in opt.params])))
+        [_local(p.grad - p.summed_grad / opt.expected_batch_size).flatten() for p in opt.params])))
+    optimizer.attach_step_hook(lambda opt: sum_dtypes.update(str(p.summed_grad.dtype)
+                                                             for p in opt.params))
     done = 0
     while done < steps:
         for batch_ in loader:
@@ -77,7 +169,9 @@ def train_private(problem: Callable[[], tuple], sharded: bool, steps: int,
             if done == steps:
                 break
     return {"params": full_parameters(model), "history": list(engine.accountant.history),
-            "noise": torch.stack(noises), "epsilon": engine.get_epsilon(1e-5)}
+            "noise": torch.stack(noises), "epsilon": engine.get_epsilon(1e-5),
+            "sum_dtypes": sorted(sum_dtypes), "bound": optimizer.max_grad_norm,
+            "expected_batch_size": optimizer.expected_batch_size}
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
