@@ -304,3 +304,117 @@ class ShardNoise:
             return None
         seed = int(torch.randint(0, 2**62, (1,), generator=base, device=base.device).item())
         return make_generator(derive_seeds(seed, self.world_size)[self.rank], device=base.device)
+
+
+# ----------------------------------------------------------------------------- sharding a model
+def block_classes(model: nn.Module) -> list[str]:
+    """The class names of the model's transformer blocks, the default FSDP units: Hugging Face's
+    `_no_split_modules` (its blocks, e.g. GPT2Block, BertLayer) when the model declares them,
+    else the class of every container (nn.Sequential, nn.ModuleList) of two or more children of
+    one class that own parameters (dptrain's Transformer: its Blocks)."""
+    for module in model.modules():
+        declared = getattr(module, "_no_split_modules", None)
+        if declared:
+            return sorted(set(declared))
+    found = []
+    for module in model.modules():
+        if not isinstance(module, (nn.Sequential, nn.ModuleList)) or len(module) < 2:
+            continue
+        kinds = {type(child) for child in module}
+        if len(kinds) == 1 and any(True for _ in module[0].parameters()):
+            found.append(type(module[0]).__name__)
+    return sorted(set(found))
+
+
+def shard_model(model: nn.Module, units: list[str] | None = None, mp_policy: Any = None) -> nn.Module:
+    """`fully_shard` every module whose class name is in `units` (default `block_classes`), then
+    the root; returns the model (sharded in place). `mp_policy`: FSDP's MixedPrecisionPolicy.
+
+    Raises ConfigError naming `hardware.fsdp_units` when a named class is not in the model.
+    """
+    from torch.distributed.fsdp import fully_shard
+
+    names = list(units) if units else block_classes(model)
+    present = {type(m).__name__ for m in model.modules()}
+    missing = [n for n in names if n not in present] if units else []
+    if missing:
+        raise ConfigError(f"hardware.fsdp_units={list(units or [])}: no module of class {missing} "
+                          f"in the model; name classes it has (its blocks: {block_classes(model)}), "
+                          "or leave the list empty for one unit per transformer block.")
+    kwargs = {} if mp_policy is None else {"mp_policy": mp_policy}
+    for module in [m for m in model.modules() if type(m).__name__ in names and m is not model]:
+        fully_shard(module, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+# ----------------------------------------------------------------------------- whole states
+def _whole(full_state: bool = True) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=full_state, cpu_offload=True)
+
+
+def model_state_dict(model: nn.Module) -> dict[str, Any]:
+    """The model's state dict with every parameter whole, as one process's `state_dict()` (same
+    keys). For a fully sharded model this is a collective (torch.distributed.checkpoint's
+    `get_model_state_dict`): rank 0 receives the gathered tensors on the CPU, one at a time
+    (never the whole model on its device), the other ranks an empty dict."""
+    if not is_fully_sharded(model):
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_whole())
+
+
+def load_model_state_dict(model: nn.Module, state: dict[str, Any]) -> None:
+    """Load a whole state dict (`model_state_dict`'s, or one process's) into `model`; a fully
+    sharded model keeps each rank's rows (every rank passes the whole dict; a collective)."""
+    if not is_fully_sharded(model):
+        model.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+
+def _parameter_names(model: nn.Module, optimizer: Any) -> list[str]:
+    """The model's name of each parameter of `optimizer`, in its state dict's order."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def optimizer_state_dict(model: nn.Module, optimizer: Any) -> dict[str, Any]:
+    """The optimizer's state dict with whole tensors: for a fully sharded model keyed by parameter
+    NAME (torch.distributed.checkpoint's `get_optimizer_state_dict`, a collective: rank 0
+    receives it, the others an empty dict), so that it loads at any number of ranks; else
+    `optimizer.state_dict()` (keyed by index, as always). `optimizer`: the plain torch optimizer
+    (DCP may step it once with zero gradients to create its state: never the DP optimizer)."""
+    if not is_fully_sharded(model):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=_whole())
+
+
+def load_optimizer_state_dict(model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
+    """Load `state` (keyed by parameter name, `optimizer_state_dict`'s; or by index, a plain
+    `optimizer.state_dict()`) into `optimizer` on any number of ranks."""
+    names = _parameter_names(model, optimizer)
+    groups = state.get("param_groups", [])
+    by_index = any(isinstance(i, int) for g in groups for i in g["params"])
+    if is_fully_sharded(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        if by_index:
+            state = {"state": {names[i]: v for i, v in state["state"].items()},
+                     "param_groups": [{**g, "params": [names[i] for i in g["params"]]}
+                                      for g in groups]}
+        set_optimizer_state_dict(model, optimizer, state,
+                                 options=StateDictOptions(full_state_dict=True))
+        return
+    if not by_index:
+        index = {n: i for i, n in enumerate(names)}
+        state = {"state": {index[n]: v for n, v in state["state"].items()},
+                 "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in groups]}
+    optimizer.load_state_dict(state)

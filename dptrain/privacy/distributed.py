@@ -163,6 +163,16 @@ class ShardedDPOptimizer(DistributedDPOptimizer):
         self._shard_noise = ShardNoise(self.rank, self.world_size)
         self._step_generator: torch.Generator | None = None
 
+    def passes_on_every_rank(self, local: int) -> int:
+        """The number of forward/backward passes every rank runs this step, given this rank's
+        `local` count: the largest over the ranks (a collective). FSDP gathers each unit's
+        parameters in every pass, a collective, so the ranks must run as many passes."""
+        device = self.params[0].device if self.params else torch.device("cpu")
+        count = torch.tensor([local], dtype=torch.int64, device=device)
+        if self.world_size > 1:
+            dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.group)
+        return int(count[0])
+
     def _combine_clipped_sums(self, sums: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
         """{p: DTensor} of the global clipped sums of this rank's rows (see the class doc)."""
         combined = {}

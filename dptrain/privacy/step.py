@@ -8,7 +8,10 @@ chunk). For each chunk `forward_backward(chunk)` runs the forward and backward p
 optimizer clips the chunk's per-sample gradients into the running clipped sum
 (`DPOptimizer.clip_and_accumulate`). Then noise is added once and the wrapped optimizer steps
 once (`DPOptimizer.step`), which charges the accountant one step. Nothing is inferred from the
-accountant and nothing is signalled through the loader: the step boundary is this call.
+accountant and nothing is signalled through the loader: the step boundary is this call. With a
+fully sharded model (FSDP: its parameter gathers are collectives) the ranks' chunk counts are
+evened out: a rank with fewer chunks runs empty ones (`forward_backward` must run the passes of
+an empty chunk too).
 `dptrain.BatchMemoryManager` keeps the user's own loop working the older way.
 """
 
@@ -17,6 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from torch import Tensor
+from torch.utils._pytree import tree_map
 
 from dptrain.data.virtual import split_batch
 
@@ -40,6 +46,10 @@ def private_step(optimizer: Any, batch: Any, max_physical_batch_size: int | None
     (nothing of the batch is released) and the error propagates.
     """
     chunks = split_batch(batch, max_physical_batch_size) if max_physical_batch_size else [batch]
+    lockstep = getattr(optimizer, "passes_on_every_rank", None)
+    if lockstep is not None:  # a sharded model: every rank runs as many passes (empty ones too)
+        chunks += [_empty_like(chunks[-1])
+                   for _ in range(lockstep(len(chunks)) - len(chunks))]
     rows = 0
     try:
         for chunk in chunks:
@@ -52,3 +62,8 @@ def private_step(optimizer: Any, batch: Any, max_physical_batch_size: int | None
         raise
     sigma, q = optimizer.last_charge
     return Charge(noise_multiplier=sigma, sample_rate=q, batch_size=rows)
+
+
+def _empty_like(chunk: Any) -> Any:
+    """`chunk` with 0 rows (every tensor sliced [:0] along dim 0)."""
+    return tree_map(lambda t: t[:0] if isinstance(t, Tensor) else t, chunk)

@@ -1,0 +1,50 @@
+"""The CLI's build_job + train under hardware=fsdp on 2 forked gloo ranks (torchrun's variables
+set by hand): the same batches, ledger and (near-noiseless) weights as one process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import ddp_workers as workers
+
+COMMON = ("privacy=sigma", "privacy.noise_multiplier=1e-6", "privacy.reproducible_mechanism=true",
+          "train.epochs=1", "train.progress=false", "train.batch_size=16", "train.max_steps=3",
+          "train.checkpoint_every=0")
+FSDP = ("hardware=fsdp", "hardware.timeout_s=60")
+TRANSFORMER = ("model=transformer", "model.n_embd=16", "model.n_head=2", "dataset=imdb",
+               "dataset.synthetic=true", "dataset.max_samples=64", "dataset.vocab_size=40",
+               "dataset.max_len=8")
+
+
+def _ledger(run_dir: Path) -> dict:
+    return json.loads((run_dir / "privacy_ledger.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def transformer_runs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fsdp_cli")
+    single = workers.train_cli(str(root / "single"), COMMON + TRANSFORMER + ("hardware=cpu",))
+    torch.save(single, root / "single.pt")
+    ranks = workers.run_ranks(workers.cli_worker, root,
+                              args=(str(root / "fsdp_{rank}"), (COMMON + TRANSFORMER + FSDP,)),
+                              timeout_s=240)
+    for result in ranks:
+        assert "crash" not in result, result.get("crash")
+    torch.save(ranks, root / "ranks.pt")
+    return root
+
+
+def test_a_sharded_transformer_run_trains_the_single_process_weights(transformer_runs: Path):
+    single = torch.load(transformer_runs / "single.pt", weights_only=False)
+    for rank in torch.load(transformer_runs / "ranks.pt", weights_only=False):
+        torch.testing.assert_close(rank["runs"][0]["params"], single["params"], rtol=0, atol=1e-4)
+
+
+def test_the_ledger_of_a_sharded_run_equals_the_single_process_ledger(transformer_runs: Path):
+    single, sharded = _ledger(transformer_runs / "single"), _ledger(transformer_runs / "fsdp_0")
+    for key in ("history", "epsilon", "steps_completed", "status"):
+        assert sharded[key] == single[key], key
