@@ -21,10 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from torch import Tensor
-from torch.utils._pytree import tree_map
-
-from dptrain.data.virtual import split_batch
+from dptrain.data.virtual import in_lockstep, split_batch
 
 
 @dataclass(frozen=True)
@@ -45,11 +42,8 @@ def private_step(optimizer: Any, batch: Any, max_physical_batch_size: int | None
     returning the chunk's number of rows. On an error the partial clipped sum is discarded
     (nothing of the batch is released) and the error propagates.
     """
-    chunks = split_batch(batch, max_physical_batch_size) if max_physical_batch_size else [batch]
-    lockstep = getattr(optimizer, "passes_on_every_rank", None)
-    if lockstep is not None:  # a sharded model: every rank runs as many passes (empty ones too)
-        chunks += [_empty_like(chunks[-1])
-                   for _ in range(lockstep(len(chunks)) - len(chunks))]
+    chunks = in_lockstep(split_batch(batch, max_physical_batch_size)
+                         if max_physical_batch_size else [batch], optimizer)
     rows = 0
     try:
         for chunk in chunks:
@@ -62,8 +56,3 @@ def private_step(optimizer: Any, batch: Any, max_physical_batch_size: int | None
         raise
     sigma, q = optimizer.last_charge
     return Charge(noise_multiplier=sigma, sample_rate=q, batch_size=rows)
-
-
-def _empty_like(chunk: Any) -> Any:
-    """`chunk` with 0 rows (every tensor sliced [:0] along dim 0)."""
-    return tree_map(lambda t: t[:0] if isinstance(t, Tensor) else t, chunk)

@@ -23,9 +23,15 @@ N = 40
 
 
 def mlp_problem() -> tuple[nn.Module, TensorDataset, Callable[[nn.Module, Any], torch.Tensor]]:
-    """The DDP tests' float64 MLP and dataset, and its loss(module, batch)."""
+    """The DDP tests' float64 MLP and dataset, and its loss(module, batch): the batch mean, 0 on
+    an empty batch (whose forward and backward every rank of a sharded model must run)."""
     model, data = ddp_workers.make_problem()
-    return model, data, lambda module, batch: nn.functional.cross_entropy(module(batch[0]), batch[1])
+
+    def loss(module: nn.Module, batch: Any) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(module(x), y, reduction="sum") / max(len(x), 1)
+
+    return model, data, loss
 
 
 VOCAB, SEQ, WIDTH = 30, 6, 16
@@ -136,11 +142,14 @@ def mlp_float32_problem() -> tuple[nn.Module, TensorDataset, Callable[[nn.Module
 def train_private(problem: Callable[[], tuple], sharded: bool, steps: int,
                   noise_multiplier: float, grad_sample_mode: str = "hooks", lr: float = 0.5,
                   batch: int = 10, units: Callable[[nn.Module], list[nn.Module]] = no_units,
-                  mixed_precision: bool = False, max_grad_norm: float = 0.3) -> dict[str, Any]:
+                  mixed_precision: bool = False, max_grad_norm: float = 0.3,
+                  physical: int | None = None) -> dict[str, Any]:
     """`steps` DP-SGD steps on `problem()`, fully sharded (with bf16 `mixed_precision`) when
     `sharded`: the final parameters (gathered), the accountant's history and epsilon, every
     step's noise of this rank's rows in gradient units (p.grad - p.summed_grad / B) and the
-    dtypes of the clipped sums."""
+    dtypes of the clipped sums. `physical`: chunks of at most that many rows (BatchMemoryManager),
+    every chunk run, empty ones included."""
+    from dptrain import BatchMemoryManager
     from dptrain.privacy.engine import PrivacyEngine
 
     model, data, loss_fn = problem()
@@ -159,19 +168,23 @@ def train_private(problem: Callable[[], tuple], sharded: bool, steps: int,
         [_local(p.grad - p.summed_grad / opt.expected_batch_size).flatten() for p in opt.params])))
     optimizer.attach_step_hook(lambda opt: sum_dtypes.update(str(p.summed_grad.dtype)
                                                              for p in opt.params))
-    done = 0
+    done, batches = 0, []
     while done < steps:
-        for batch_ in loader:
-            optimizer.zero_grad()
-            loss_fn(module, batch_).backward()  # every rank, even on an empty shard (FSDP)
-            optimizer.step()
-            done += 1
-            if done == steps:
-                break
+        with BatchMemoryManager(data_loader=loader, max_physical_batch_size=physical or N,
+                                optimizer=optimizer) as chunks:
+            for batch_ in chunks:
+                optimizer.zero_grad()
+                loss_fn(module, batch_).backward()  # every rank, even on an empty shard (FSDP)
+                optimizer.step()
+                batches.append(len(batch_[0]))
+                if not optimizer._last_step_skipped:
+                    done += 1
+                if done == steps:
+                    break
     return {"params": full_parameters(model), "history": list(engine.accountant.history),
             "noise": torch.stack(noises), "epsilon": engine.get_epsilon(1e-5),
             "sum_dtypes": sorted(sum_dtypes), "bound": optimizer.max_grad_norm,
-            "expected_batch_size": optimizer.expected_batch_size}
+            "expected_batch_size": optimizer.expected_batch_size, "chunk_sizes": batches}
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

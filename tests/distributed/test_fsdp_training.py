@@ -22,6 +22,11 @@ MLP = {
     "ghost_first_layer_a_unit": dict(problem=workers.mlp_problem, steps=5, noise_multiplier=0.0,
                                      grad_sample_mode="ghost", units=workers.first_layer),
     "noise": dict(problem=workers.mlp_problem, steps=40, noise_multiplier=1.0, lr=0.0),
+    "virtual_batches": dict(problem=workers.mlp_problem, steps=5, noise_multiplier=0.0,
+                            physical=2, grad_sample_mode="ghost"),
+    # q = 1/40: each rank's shard of 20 examples is empty in ~60% of the steps.
+    "empty_shards": dict(problem=workers.mlp_problem, steps=12, noise_multiplier=0.0, batch=1,
+                         physical=1),
     "bf16": dict(problem=workers.mlp_float32_problem, steps=5, noise_multiplier=0.0,
                  mixed_precision=True, grad_sample_mode="ghost", units=workers.first_layer),
 }
@@ -89,6 +94,15 @@ def test_with_noise_0_a_sharded_bert_with_lora_equals_one_process(hf_ranks, scen
     initial = workers.full_parameters(workers.bert_lora_problem()[0])
     assert (single["params"] - initial).abs().max() > 1e-3
     _assert_same_model(hf_ranks, single, scenario)
+
+
+def test_virtual_batches_of_different_counts_per_rank_equal_the_single_process_run(mlp_ranks):
+    _assert_same_model(mlp_ranks, _single(MLP, "virtual_batches"), "virtual_batches")
+
+
+def test_steps_with_an_empty_shard_on_one_rank_equal_the_single_process_run(mlp_ranks):
+    assert any(size == 0 for r in mlp_ranks for size in r["empty_shards"]["chunk_sizes"])
+    _assert_same_model(mlp_ranks, _single(MLP, "empty_shards"), "empty_shards")
 
 
 def test_each_element_gets_noise_of_std_sigma_c_over_b_once_per_step(mlp_ranks):
