@@ -111,10 +111,11 @@ def private_classes(distributed: bool, selection: str, sharded: bool = False) ->
     if not distributed:
         return (ShuffleDataLoader if selection == "shuffle" else DPDataLoader), DPOptimizer
     if selection != "poisson":
-        raise ConfigError("poisson_sampling=False with a DistributedDataParallel model: each rank "
-                          "would train on the same batches of the given loader and the clipped "
-                          "sums, all-reduced across ranks, would count every example once per rank. "
-                          "Use poisson_sampling=True (each rank then samples its own shard).")
+        raise ConfigError("poisson_sampling=False with a DistributedDataParallel or fully sharded "
+                          "(FSDP) model: each rank would train on the same batches of the given "
+                          "loader and the clipped sums, summed across ranks, would count every "
+                          "example once per rank. Use poisson_sampling=True (each rank then "
+                          "samples its own shard).")
     return DistributedDPDataLoader, ShardedDPOptimizer if sharded else DistributedDPOptimizer
 
 
@@ -129,11 +130,14 @@ def warn_if_delta_too_large(delta: float, num_samples: int | None, argument: str
 
 
 def _wrap_module(module: nn.Module, grad_sample_mode: str, batch_first: bool,
-                 loss_reduction: str) -> Any:
-    """The per-sample gradient module for `grad_sample_mode` (a wrapped module is kept as is)."""
+                 loss_reduction: str, sharded: bool = False) -> Any:
+    """The per-sample gradient module for `grad_sample_mode` (a wrapped module is kept as is; a
+    fully sharded model gets its hooks on the gathered parameters, dptrain.distributed.fsdp)."""
     if grad_sample_mode not in GRAD_SAMPLE_MODES:
         raise ConfigError(f"grad_sample_mode={grad_sample_mode!r} is unknown; use one of "
                           f"{list(GRAD_SAMPLE_MODES)}.")
+    if sharded:
+        return sharded_source(module, grad_sample_mode, batch_first, loss_reduction)
     if all(callable(getattr(module, name, None)) for name in _INTERFACE):
         return module
     if not isinstance(module, nn.Module):
@@ -329,9 +333,8 @@ class PrivacyEngine:
         rate_sched = as_schedule(schedules[1] if schedules[1] is not None
                                  else _as_spec(plan.selection.schedule), sample_rate,
                                  "sample_rate_schedule")
-        source = (sharded_source(module, performance.grad_sample_mode, batch_first, loss_reduction)
-                  if sharded else
-                  _wrap_module(module, performance.grad_sample_mode, batch_first, loss_reduction))
+        source = _wrap_module(module, performance.grad_sample_mode, batch_first, loss_reduction,
+                              sharded)
         try:
             named = _trainable_parameters(source)
             _check_optimizer_params(optimizer, source, named)

@@ -198,3 +198,36 @@ def scenarios_worker(rank: int, world_size: int, port: int,
     """Every scenario (train_private's kwargs) on this rank, under one process group."""
     init_gloo(rank, world_size, port)
     return {name: train_private(sharded=True, **kwargs) for name, kwargs in scenarios.items()}
+
+
+# ----------------------------------------------------------------------------- bad input
+def errors_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
+    """Each refused use of a sharded model on this rank: the ConfigError it raised (None: none)."""
+    from dptrain.distributed.fsdp import shard_model
+    from torch.distributed.fsdp import fully_shard
+
+    init_gloo(rank, world_size, port)
+    error_of = ddp_workers._error_of
+
+    def make_private(model: nn.Module, **overrides: Any) -> Any:
+        from dptrain.privacy.engine import PrivacyEngine
+
+        _, data, _ = mlp_problem()
+        kwargs = dict(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                      data_loader=DataLoader(data, batch_size=10), noise_multiplier=1.0,
+                      max_grad_norm=1.0)
+        return PrivacyEngine(accountant="rdp", seed=SEED).make_private(**{**kwargs, **overrides})
+
+    def root_left_whole() -> Any:
+        model = mlp_problem()[0]
+        fully_shard(model[0])  # the root's last layer stays a plain (replicated) parameter
+        return make_private(model)
+
+    return {
+        "root_left_whole": error_of(root_left_whole),
+        "non_poisson": error_of(lambda: make_private(_shard(mlp_problem()[0], no_units),
+                                                     poisson_sampling=False,
+                                                     allow_non_poisson=True)),
+        "missing_unit": error_of(lambda: shard_model(mlp_problem()[0], ["GPT2Block"])),
+        "sharded_fine": error_of(lambda: make_private(_shard(mlp_problem()[0], first_layer))),
+    }

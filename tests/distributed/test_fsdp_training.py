@@ -141,3 +141,35 @@ def test_bf16_mixed_precision_keeps_the_clipped_sums_in_float32(mlp_ranks):
 def test_bf16_mixed_precision_trains_like_float32_up_to_bf16_rounding(mlp_ranks):
     single = workers.train_private(sharded=False, **{**MLP["bf16"], "mixed_precision": False})
     _assert_same_model(mlp_ranks, single, "bf16", atol=2e-2)
+
+
+@pytest.fixture(scope="module")
+def errors(tmp_path_factory) -> list[dict]:
+    return _run_worker(workers.errors_worker, tmp_path_factory.mktemp("errors"))
+
+
+def _run_worker(worker, folder) -> list[dict]:
+    results = ddp_workers.run_ranks(worker, folder, timeout_s=120)
+    for result in results:
+        assert "crash" not in result, result.get("crash")
+    return results
+
+
+def test_a_trainable_parameter_fsdp_does_not_manage_is_refused_naming_it(errors):
+    for result in errors:
+        assert "'2.weight' is not sharded by FSDP" in result["root_left_whole"]
+        assert "fully_shard to the root module" in result["root_left_whole"]
+
+
+def test_a_sharded_model_without_poisson_sampling_is_refused(errors):
+    for result in errors:
+        assert "fully sharded (FSDP)" in result["non_poisson"]
+
+
+def test_fsdp_units_naming_a_class_the_model_lacks_are_refused_naming_the_key(errors):
+    for result in errors:
+        assert "hardware.fsdp_units=['GPT2Block']" in result["missing_unit"]
+
+
+def test_a_model_sharded_the_default_way_is_accepted(errors):
+    assert [r["sharded_fine"] for r in errors] == [None, None]
