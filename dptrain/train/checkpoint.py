@@ -47,7 +47,7 @@ from dptrain.train.ledger import PrivacyLedger, config_differences, refresh_laye
 from dptrain.train.replay import start_fingerprint
 from dptrain.train.settings import setting_name
 from dptrain.data.fingerprint import data_fingerprint
-from dptrain.distributed.fsdp import model_state_dict, optimizer_state_dict
+from dptrain.distributed.fsdp import is_fully_sharded, model_state_dict, optimizer_state_dict
 from dptrain.distributed.runtime import broadcast_object, is_main_process
 from dptrain.errors import ConfigError
 from dptrain.io import atomic_write_bytes, fsync_dir
@@ -377,7 +377,7 @@ def save_weights(path: Path | str, model: torch.nn.Module) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(Path(path), _to_bytes(state))
     if callable(getattr(model, "save_pretrained", None)):
-        _save_pretrained(pretrained_folder(path), model, state)
+        _save_pretrained(pretrained_folder(path), model, state if is_fully_sharded(model) else None)
 
 
 def pretrained_folder(path: Path | str) -> Path:
@@ -387,14 +387,14 @@ def pretrained_folder(path: Path | str) -> Path:
     return path.with_name(f"{path.stem}_hf")
 
 
-def _save_pretrained(folder: Path, model: torch.nn.Module, state: dict[str, Any]) -> None:
-    """`model.save_pretrained` of the whole `state` into a fresh folder that replaces `folder`
-    once complete."""
+def _save_pretrained(folder: Path, model: torch.nn.Module, state: dict[str, Any] | None) -> None:
+    """`model.save_pretrained` (of the whole `state` of a sharded model) into a fresh folder that
+    replaces `folder` once complete."""
     import shutil
 
     partial = folder.with_name(f"{folder.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial, state_dict=state)
+    model.save_pretrained(partial, **({} if state is None else {"state_dict": state}))
     shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)
     fsync_dir(folder.parent)

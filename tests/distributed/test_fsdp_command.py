@@ -88,3 +88,34 @@ def test_a_run_checkpointed_at_one_number_of_ranks_resumes_at_another(resumed: P
     torch.testing.assert_close(results[run]["params"], results["straight"]["params"],
                                rtol=0, atol=1e-4)
     assert _ledger(resumed / run)["history"] == _ledger(resumed / "straight")["history"]
+
+
+@pytest.fixture(scope="module")
+def hf_runs(tmp_path_factory) -> Path:
+    """A tiny GPT-2 (model=hf, tied embeddings, ghost mode) fine-tuned on one process and sharded
+    over 2 ranks (one unit per GPT2Block)."""
+    hf_tiny = pytest.importorskip("tests.hf_tiny")
+    root = tmp_path_factory.mktemp("fsdp_hf")
+    hf_tiny.save_tiny(root / "gpt2", "gpt2", dropout=0.0)
+    hf_tiny.write_csv(root / "e2e.csv", hf_tiny.e2e_rows(32))
+    args = tuple(o for o in COMMON if not o.startswith("train.batch_size")) + (
+        "model=hf", f"model.name_or_path={root / 'gpt2'}", "model.task=causal_lm",
+        'model.pad_token="<|endoftext|>"', "dataset=text", f"dataset.train_file={root / 'e2e.csv'}",
+        "dataset.text_column=ref", "dataset.prompt_column=mr", "dataset.label_column=null",
+        "dataset.max_len=16", "train.batch_size=8", "privacy.grad_sample_mode=ghost",
+        "optimizer=sgd", "optimizer.lr=0.5")  # not model=hf's AdamW: its update turns the ranks'
+    # other (tiny) noise on coordinates without gradient into steps of size lr
+    torch.save(workers.train_cli(str(root / "single"), args + ("hardware=cpu",)), root / "single.pt")
+    ranks = workers.run_ranks(workers.cli_worker, root, timeout_s=240,
+                              args=(str(root / "fsdp_{rank}"), (args + FSDP,)))
+    for result in ranks:
+        assert "crash" not in result, result.get("crash")
+    torch.save(ranks, root / "ranks.pt")
+    return root
+
+
+def test_a_sharded_hugging_face_gpt2_run_trains_the_single_process_weights(hf_runs: Path):
+    single = torch.load(hf_runs / "single.pt", weights_only=False)
+    for rank in torch.load(hf_runs / "ranks.pt", weights_only=False):
+        torch.testing.assert_close(rank["runs"][0]["params"], single["params"], rtol=0, atol=1e-4)
+    assert _ledger(hf_runs / "fsdp_0")["history"] == _ledger(hf_runs / "single")["history"]
