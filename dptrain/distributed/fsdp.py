@@ -326,6 +326,16 @@ def block_classes(model: nn.Module) -> list[str]:
     return sorted(set(found))
 
 
+def bf16_policy() -> Any:
+    """FSDP's mixed precision for `hardware.precision=bf16`: the gathered parameters and the
+    layers' compute in bf16, gradient reductions in float32 (the sharded parameters, their noise
+    and the optimizer stay float32; per-sample norms and clipped sums are float32 as for any
+    16-bit parameter)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
 def shard_model(model: nn.Module, units: list[str] | None = None, mp_policy: Any = None) -> nn.Module:
     """`fully_shard` every module whose class name is in `units` (default `block_classes`), then
     the root; returns the model (sharded in place). `mp_policy`: FSDP's MixedPrecisionPolicy.

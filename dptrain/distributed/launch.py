@@ -298,16 +298,17 @@ def join_run(config: Mapping[str, Any], run_dir: Path) -> Path:
 def wrap_model(model: torch.nn.Module, config: Mapping[str, Any]) -> torch.nn.Module:
     """DistributedDataParallel(model) on hardware=ddp (rank 0's weights broadcast); on
     hardware=fsdp the model sharded with fully_shard (one unit per `hardware.fsdp_units` class,
-    default: per transformer block; dptrain.distributed.fsdp), after broadcasting rank 0's
-    weights; else the model."""
+    default: per transformer block; dptrain.distributed.fsdp; `hardware.precision=bf16`: FSDP's
+    bf16 mixed precision), after broadcasting rank 0's weights; else the model."""
     hardware = config.get("hardware")
     if ddp_settings(hardware) is None:
         return model
     if hardware.get("sharded", False):
-        from dptrain.distributed.fsdp import shard_model
+        from dptrain.distributed.fsdp import bf16_policy, shard_model
 
         _broadcast_parameters(model)
-        return shard_model(model, list(hardware.get("fsdp_units") or []))
+        policy = bf16_policy() if hardware.get("precision") == "bf16" else None
+        return shard_model(model, list(hardware.get("fsdp_units") or []), mp_policy=policy)
     from torch.nn.parallel import DistributedDataParallel
 
     device = next(model.parameters()).device

@@ -125,13 +125,6 @@ def first_layer(model: nn.Module) -> list[nn.Module]:
     return [model[0]]
 
 
-def bf16_policy() -> Any:
-    """FSDP's mixed precision: bf16 parameters and compute, float32 reduction."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-
-
 def mlp_float32_problem() -> tuple[nn.Module, TensorDataset, Callable[[nn.Module, Any], torch.Tensor]]:
     """The MLP problem in float32 (for bf16 mixed precision)."""
     model, data, loss = mlp_problem()
@@ -153,7 +146,7 @@ def train_private(problem: Callable[[], tuple], sharded: bool, steps: int,
     from dptrain.privacy.engine import PrivacyEngine
 
     model, data, loss_fn = problem()
-    mp_policy = bf16_policy() if mixed_precision else None
+    mp_policy = dptrain.distributed.fsdp.bf16_policy() if mixed_precision else None
     if sharded:
         model = _shard(model, units, mp_policy)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)

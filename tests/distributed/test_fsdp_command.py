@@ -24,14 +24,20 @@ def _ledger(run_dir: Path) -> dict:
     return json.loads((run_dir / "privacy_ledger.json").read_text())
 
 
+def _fsdp_runs(rank, world_size, port, runs):
+    """cli_worker for each (run folder, overrides) of `runs` in turn."""
+    return {"runs": [workers.cli_worker(rank, world_size, port, folder, (overrides,))["runs"][0]
+                     for folder, overrides in runs]}
+
+
 @pytest.fixture(scope="module")
 def transformer_runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("fsdp_cli")
     single = workers.train_cli(str(root / "single"), COMMON + TRANSFORMER + ("hardware=cpu",))
     torch.save(single, root / "single.pt")
-    ranks = workers.run_ranks(workers.cli_worker, root,
-                              args=(str(root / "fsdp_{rank}"), (COMMON + TRANSFORMER + FSDP,)),
-                              timeout_s=240)
+    ranks = workers.run_ranks(_fsdp_runs, root, timeout_s=240, args=((
+        (str(root / "fsdp_{rank}"), COMMON + TRANSFORMER + FSDP),
+        (str(root / "bf16_{rank}"), COMMON + TRANSFORMER + FSDP + ("hardware.precision=bf16",))),))
     for result in ranks:
         assert "crash" not in result, result.get("crash")
     torch.save(ranks, root / "ranks.pt")
@@ -44,6 +50,14 @@ def test_a_sharded_transformer_run_trains_the_single_process_weights(transformer
         torch.testing.assert_close(rank["runs"][0]["params"], single["params"], rtol=0, atol=1e-4)
 
 
+def test_a_sharded_bf16_run_keeps_float32_weights_close_to_the_float32_run(transformer_runs: Path):
+    single = torch.load(transformer_runs / "single.pt", weights_only=False)
+    for rank in torch.load(transformer_runs / "ranks.pt", weights_only=False):
+        bf16 = rank["runs"][1]
+        assert bf16["status"] == "completed" and bf16["params"].dtype == torch.float32
+        torch.testing.assert_close(bf16["params"], single["params"], rtol=0, atol=5e-2)
+
+
 def test_the_ledger_of_a_sharded_run_equals_the_single_process_ledger(transformer_runs: Path):
     single, sharded = _ledger(transformer_runs / "single"), _ledger(transformer_runs / "fsdp_0")
     for key in ("history", "epsilon", "steps_completed", "status"):
@@ -52,11 +66,6 @@ def test_the_ledger_of_a_sharded_run_equals_the_single_process_ledger(transforme
 
 RESUMABLE = tuple(o for o in COMMON if not o.startswith(("train.max_steps", "train.checkpoint"))) \
     + TRANSFORMER + ("optimizer=sgd", "optimizer.momentum=0.9")
-
-
-def _fsdp_runs(rank, world_size, port, runs):
-    return {"runs": [workers.cli_worker(rank, world_size, port, folder, (overrides,))["runs"][0]
-                     for folder, overrides in runs]}
 
 
 @pytest.fixture(scope="module")
