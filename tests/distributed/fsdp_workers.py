@@ -136,12 +136,13 @@ def train_private(problem: Callable[[], tuple], sharded: bool, steps: int,
                   noise_multiplier: float, grad_sample_mode: str = "hooks", lr: float = 0.5,
                   batch: int = 10, units: Callable[[nn.Module], list[nn.Module]] = no_units,
                   mixed_precision: bool = False, max_grad_norm: float = 0.3,
-                  physical: int | None = None) -> dict[str, Any]:
+                  physical: int | None = None, clipping: str = "flat",
+                  count_noise_std: float | None = None) -> dict[str, Any]:
     """`steps` DP-SGD steps on `problem()`, fully sharded (with bf16 `mixed_precision`) when
     `sharded`: the final parameters (gathered), the accountant's history and epsilon, every
     step's noise of this rank's rows in gradient units (p.grad - p.summed_grad / B) and the
     dtypes of the clipped sums. `physical`: chunks of at most that many rows (BatchMemoryManager),
-    every chunk run, empty ones included."""
+    every chunk run, empty ones included. `clipping`, `count_noise_std`: make_private's."""
     from dptrain import BatchMemoryManager
     from dptrain.privacy.engine import PrivacyEngine
 
@@ -154,7 +155,7 @@ def train_private(problem: Callable[[], tuple], sharded: bool, steps: int,
     module, optimizer, loader = engine.make_private(
         module=model, optimizer=optimizer, data_loader=DataLoader(data, batch_size=batch),
         noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
-        grad_sample_mode=grad_sample_mode)
+        grad_sample_mode=grad_sample_mode, clipping=clipping, count_noise_std=count_noise_std)
     noises: list[torch.Tensor] = []
     sum_dtypes: set[str] = set()
     optimizer.attach_step_hook(lambda opt: noises.append(torch.cat(

@@ -27,6 +27,10 @@ MLP = {
     # q = 1/40: each rank's shard of 20 examples is empty in ~60% of the steps.
     "empty_shards": dict(problem=workers.mlp_problem, steps=12, noise_multiplier=0.0, batch=1,
                          physical=1),
+    "per_layer": dict(problem=workers.mlp_problem, steps=5, noise_multiplier=0.0,
+                      clipping="per_layer", units=workers.first_layer),
+    "adaptive": dict(problem=workers.mlp_problem, steps=5, noise_multiplier=1.0,
+                     clipping="adaptive", count_noise_std=2.0),
     "bf16": dict(problem=workers.mlp_float32_problem, steps=5, noise_multiplier=0.0,
                  mixed_precision=True, grad_sample_mode="ghost", units=workers.first_layer),
 }
@@ -103,6 +107,15 @@ def test_virtual_batches_of_different_counts_per_rank_equal_the_single_process_r
 def test_steps_with_an_empty_shard_on_one_rank_equal_the_single_process_run(mlp_ranks):
     assert any(size == 0 for r in mlp_ranks for size in r["empty_shards"]["chunk_sizes"])
     _assert_same_model(mlp_ranks, _single(MLP, "empty_shards"), "empty_shards")
+
+
+def test_per_layer_clipping_of_a_sharded_model_equals_the_single_process_run(mlp_ranks):
+    _assert_same_model(mlp_ranks, _single(MLP, "per_layer"), "per_layer")
+
+
+def test_adaptive_clipping_keeps_the_same_bound_on_every_rank(mlp_ranks):
+    bounds = [r["adaptive"]["bound"] for r in mlp_ranks]
+    assert bounds[0] == bounds[1] != 0.3  # it moved from the initial bound, equally
 
 
 def test_each_element_gets_noise_of_std_sigma_c_over_b_once_per_step(mlp_ranks):
