@@ -131,3 +131,24 @@ def test_a_sharded_hugging_face_gpt2_run_trains_the_single_process_weights(hf_ru
     for rank in torch.load(hf_runs / "ranks.pt", weights_only=False):
         torch.testing.assert_close(rank["runs"][0]["params"], single["params"], rtol=0, atol=1e-4)
     assert _ledger(hf_runs / "fsdp_0")["history"] == _ledger(hf_runs / "single")["history"]
+
+
+@pytest.mark.slow
+def test_dptrain_hardware_fsdp_relaunches_itself_under_torchrun_like_ddp(tmp_path: Path):
+    """The real command: `dptrain hardware=fsdp hardware.nproc_per_node=2` starts torchrun."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    args = ["privacy=sigma", "privacy.noise_multiplier=1.0", "train.epochs=1", "train.max_steps=2",
+            "train.progress=false"]
+    run = subprocess.run([sys.executable, "-c", "from dptrain.cli.main import main; main()",
+                          "hardware=fsdp", "hardware.nproc_per_node=2", *args,
+                          f"hydra.run.dir={tmp_path / 'fsdp'}"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads((tmp_path / "fsdp" / "result.json").read_text())["status"] == "completed"
+    assert _ledger(tmp_path / "fsdp")["steps_completed"] == 2
+    assert (tmp_path / "fsdp" / "model.pt").exists()
