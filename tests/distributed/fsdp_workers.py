@@ -222,6 +222,8 @@ def errors_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
         "non_poisson": error_of(lambda: make_private(_shard(mlp_problem()[0], no_units),
                                                      poisson_sampling=False,
                                                      allow_non_poisson=True)),
+        "user_level": error_of(lambda: make_private(_shard(mlp_problem()[0], no_units),
+                                                    privacy_unit="user", user_ids=list(range(N)))),
         "missing_unit": error_of(lambda: shard_model(mlp_problem()[0], ["GPT2Block"])),
         "sharded_fine": error_of(lambda: make_private(_shard(mlp_problem()[0], first_layer))),
     }

@@ -179,6 +179,11 @@ def test_a_sharded_model_without_poisson_sampling_is_refused(errors):
         assert "fully sharded (FSDP)" in result["non_poisson"]
 
 
+def test_user_level_privacy_with_a_sharded_model_is_refused(errors):
+    for result in errors:
+        assert "fully sharded (FSDP) model (hardware=ddp, hardware=fsdp)" in result["user_level"]
+
+
 def test_fsdp_units_naming_a_class_the_model_lacks_are_refused_naming_the_key(errors):
     for result in errors:
         assert "hardware.fsdp_units=['GPT2Block']" in result["missing_unit"]
