@@ -120,9 +120,8 @@ class ShardMap:
                               "shard every unit over the same 1-D mesh of all ranks "
                               "(fully_shard(..., mesh=mesh)).")
         mesh = self.entries[0][1].device_mesh if self.entries else None
-        self.group = mesh.get_group() if mesh is not None else None
-        world = dist.group.WORLD
-        if self.group is not None and dist.get_world_size(self.group) != dist.get_world_size(world):
+        group = mesh.get_group() if mesh is not None else None
+        if group is not None and dist.get_world_size(group) != dist.get_world_size(dist.group.WORLD):
             raise ConfigError("module: its FSDP mesh spans a subgroup of the ranks; make_private "
                               "shards over all ranks (the Poisson sampler spans the world group): "
                               "call fully_shard with the default mesh.")
@@ -359,10 +358,11 @@ def shard_model(model: nn.Module, units: list[str] | None = None, mp_policy: Any
 
 
 # ----------------------------------------------------------------------------- whole states
-def _whole(full_state: bool = True) -> Any:
+def _whole() -> Any:
+    """Whole tensors, gathered to rank 0's CPU one at a time (the other ranks get nothing)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(full_state_dict=full_state, cpu_offload=True)
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
 def model_state_dict(model: nn.Module) -> dict[str, Any]:
