@@ -280,6 +280,14 @@ class DDPHardwareConfig(HardwareConfig):
     timeout_s: float = 300.0
 
 
+@dataclass
+class FSDPHardwareConfig(DDPHardwareConfig):
+    """hardware/fsdp: DDP's process settings, the model sharded with fully_shard."""
+
+    sharded: bool = True
+    fsdp_units: List[str] = dataclasses.field(default_factory=list)  # class names; [] = blocks
+
+
 def check_hardware(hardware: dict[str, Any]) -> None:
     """ConfigError naming the first `hardware.*` value its rule refuses."""
     check_fields(hardware, HardwareConfig, "hardware")
@@ -314,6 +322,7 @@ SCHEMAS: dict[str, tuple[str, type]] = {
     "schema_audit": ("audit", AuditConfig),
     "schema_hardware": ("hardware", HardwareConfig),
     "schema_hardware_ddp": ("hardware", DDPHardwareConfig),
+    "schema_hardware_fsdp": ("hardware", FSDPHardwareConfig),
 }
 
 

@@ -11,7 +11,9 @@ Each logical batch (e.g. a Poisson batch of any size) is split along dim 0 into 
 `max_physical_batch_size` rows. Before yielding a chunk the manager tells the optimizer whether
 the coming `step()` is a skipped one (`signal_skip_step`), so the noise is added once per logical
 batch and the accountant is stepped once. An empty logical batch is yielded as one empty chunk
-(its step still adds noise and is accounted). Memory: only one chunk's activations and
+(its step still adds noise and is accounted). With a fully sharded model (FSDP) every rank gets as
+many chunks as the rank with the most (empty ones at the end): run the forward and backward of
+every chunk, empty ones included, since FSDP's parameter gathers need every rank. Memory: only one chunk's activations and
 per-sample gradients exist at a time; the collated logical batch of inputs is held on the host.
 """
 
@@ -61,6 +63,17 @@ def split_batch(batch: Any, max_size: int) -> list[Any]:
     return [_slice(batch, i * max_size, min(size, (i + 1) * max_size), size) for i in range(count)]
 
 
+def in_lockstep(chunks: list[Any], optimizer: Any) -> list[Any]:
+    """`chunks`, followed by empty chunks up to the count of the rank with the most, when the
+    optimizer's model is fully sharded (its `passes_on_every_rank`, a collective: FSDP gathers
+    parameters in every pass, so every rank must run as many passes); else `chunks` as is."""
+    lockstep = getattr(optimizer, "passes_on_every_rank", None)
+    if lockstep is None:
+        return chunks
+    empty = _slice(chunks[-1], 0, 0, _leading_size(chunks[-1]) or 0)
+    return chunks + [empty] * (lockstep(len(chunks)) - len(chunks))
+
+
 class _PhysicalBatches:
     """Iterable over the physical chunks of `data_loader`'s logical batches."""
 
@@ -75,7 +88,7 @@ class _PhysicalBatches:
 
     def __iter__(self) -> Iterator[Any]:
         for batch in self.data_loader:
-            chunks = split_batch(batch, self.max_size)
+            chunks = in_lockstep(split_batch(batch, self.max_size), self.optimizer)
             for index, chunk in enumerate(chunks):
                 self.optimizer.signal_skip_step(index < len(chunks) - 1)
                 yield chunk

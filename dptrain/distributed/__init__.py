@@ -4,6 +4,9 @@
   rank-strided shard; the union is a Poisson sample of the whole dataset with rate q.
 * `DistributedDPOptimizer`: clipped sums all-reduced across ranks, noise added once (rank 0).
 * `unwrap_ddp`: `make_private` accepts a DistributedDataParallel model.
+* `ShardedDPOptimizer`, `shard_model`, `model_state_dict`, `load_model_state_dict`: `make_private`
+  accepts a model sharded with FSDP2's `fully_shard` (clipped sums reduce-scattered to the shards,
+  each rank noising its own rows; whole state dicts at any number of ranks).
 * `setup_from_env`, `relaunch_with_torchrun`: the `hardware=ddp` CLI glue.
 * `check_same_config`, `check_same_on_every_rank`: every rank trains the same job, or every rank
   stops with one clear error (the loader and the DP optimizer check their arguments too).
@@ -21,7 +24,11 @@ _PUBLIC = {
     "DistributedPoissonBatchSampler": "dptrain.data.distributed",
     "DistributedDPDataLoader": "dptrain.data.distributed",
     "DistributedDPOptimizer": "dptrain.privacy.distributed",
+    "ShardedDPOptimizer": "dptrain.privacy.distributed",
     "unwrap_ddp": "dptrain.distributed.ddp",
+    "shard_model": "dptrain.distributed.fsdp",
+    "model_state_dict": "dptrain.distributed.fsdp",
+    "load_model_state_dict": "dptrain.distributed.fsdp",
     "setup_from_env": "dptrain.distributed.launch",
     "relaunch_with_torchrun": "dptrain.distributed.launch",
     "check_same_config": "dptrain.distributed.consistency",

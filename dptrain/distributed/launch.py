@@ -296,15 +296,31 @@ def join_run(config: Mapping[str, Any], run_dir: Path) -> Path:
 
 
 def wrap_model(model: torch.nn.Module, config: Mapping[str, Any]) -> torch.nn.Module:
-    """DistributedDataParallel(model) on hardware=ddp (rank 0's weights broadcast), else model."""
-    if ddp_settings(config.get("hardware")) is None:
+    """DistributedDataParallel(model) on hardware=ddp (rank 0's weights broadcast); on
+    hardware=fsdp the model sharded with fully_shard (one unit per `hardware.fsdp_units` class,
+    default: per transformer block; dptrain.distributed.fsdp; `hardware.precision=bf16`: FSDP's
+    bf16 mixed precision), after broadcasting rank 0's weights; else the model."""
+    hardware = config.get("hardware")
+    if ddp_settings(hardware) is None:
         return model
+    if hardware.get("sharded", False):
+        from dptrain.distributed.fsdp import bf16_policy, shard_model
+
+        _broadcast_parameters(model)
+        policy = bf16_policy() if hardware.get("precision") == "bf16" else None
+        return shard_model(model, list(hardware.get("fsdp_units") or []), mp_policy=policy)
     from torch.nn.parallel import DistributedDataParallel
 
     device = next(model.parameters()).device
     device_ids = [device.index if device.index is not None else torch.cuda.current_device()] \
         if device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def _broadcast_parameters(model: torch.nn.Module) -> None:
+    """Rank 0's parameters and buffers on every rank (as DistributedDataParallel does)."""
+    for tensor in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(tensor.data, src=0)
 
 
 #: Hydra overrides a relaunched job must not inherit: it runs once (RUN mode) in `run_dir`.

@@ -335,7 +335,7 @@ class GradSampleModule(nn.Module):
         self._in_backward = False
         self._deferred: dict[int, LayerCall] = {}
         self._open_groups: dict[int, LayerCall] = {}
-        self._audit = BackwardAudit({id(p): n for n, p in model.named_parameters()})
+        self._audit = BackwardAudit({id(p): n for n, p in self.model_parameters()})
         self._add_hooks()
 
     # ------------------------------------------------------------------ wrapper plumbing
@@ -396,9 +396,16 @@ class GradSampleModule(nn.Module):
         """Load a state dict of the unwrapped model (same keys)."""
         return self._module.load_state_dict(state_dict, strict=strict, assign=assign)
 
+    def model_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """``(name, param)`` of the parameter objects the layers use in forward and backward, each
+        once, in model order: the wrapped model's own. A sharded model (FSDP2) registers other
+        objects while its layers run (its gathered parameters): its wrapper
+        (:mod:`dptrain.distributed.fsdp`) overrides this to return those."""
+        return list(self._module.named_parameters())
+
     def trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """``(name, param)`` of every parameter with requires_grad, in model order."""
-        return [(n, p) for n, p in self._module.named_parameters() if p.requires_grad]
+        return [(n, p) for n, p in self.model_parameters() if p.requires_grad]
 
     # ------------------------------------------------------------------ hooks
     def _add_hooks(self) -> None:
@@ -412,7 +419,7 @@ class GradSampleModule(nn.Module):
         # After the layer hooks: a model that is itself a layer captures before its pass closes.
         self._handles.append(self._module.register_forward_pre_hook(self._enter_model, with_kwargs=True))
         self._handles.append(self._module.register_forward_hook(self._leave_model, always_call=True))
-        for param in self._module.parameters():
+        for _, param in self.model_parameters():
             if param.requires_grad:
                 self._handles.append(param.register_hook(partial(self._on_param_grad, param)))
         self._hooks_enabled = True
@@ -768,7 +775,7 @@ class GradSampleModule(nn.Module):
 
     def clear_per_sample(self) -> None:
         """Free every per-sample gradient captured so far (``p.grad_sample = None``)."""
-        for p in self._module.parameters():
+        for _, p in self.model_parameters():
             p.grad_sample = None
         self._grad_samples.reset()
 

@@ -195,9 +195,13 @@ class HFModel(nn.Module):
         """True when the model carries PEFT adapters."""
         return hasattr(self.model, "peft_config")
 
-    def save_pretrained(self, folder: str | Path) -> None:
-        """The model (full) or its adapters (LoRA), and the tokenizer, in `folder`."""
-        self.model.save_pretrained(str(folder))
+    def save_pretrained(self, folder: str | Path, state_dict: dict[str, Any] | None = None) -> None:
+        """The model (full) or its adapters (LoRA), and the tokenizer, in `folder`. `state_dict`:
+        this wrapper's state dict to save instead of the live weights (a fully sharded model's,
+        gathered whole: `dptrain.distributed.fsdp.model_state_dict`)."""
+        inner = None if state_dict is None else {
+            k.removeprefix("model."): v for k, v in state_dict.items() if k.startswith("model.")}
+        self.model.save_pretrained(str(folder), **({} if inner is None else {"state_dict": inner}))
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(str(folder))
 

@@ -37,9 +37,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from dptrain.distributed.consistency import check_same_on_every_rank
+from dptrain.distributed.fsdp import ShardNoise, as_sharded, local_rows, reduce_scatter_rows
 from dptrain.distributed.runtime import get_rank, get_world_size
 from dptrain.grad_sample.ghost_math import norm_dtype
 from dptrain.privacy.optimizer import DPOptimizer
+from dptrain.randomness import gaussian_noise
 
 
 def _flat_dtype(params: list[nn.Parameter]) -> torch.dtype:
@@ -141,3 +143,63 @@ class DistributedDPOptimizer(DPOptimizer):
         value = super()._scalar_noise(std) if self.rank == 0 else 0.0
         device = self.params[0].device if self.params else torch.device("cpu")
         return float(self._all_reduce(torch.tensor([value], dtype=torch.float64, device=device))[0])
+
+
+class ShardedDPOptimizer(DistributedDPOptimizer):
+    """The DP step of a fully sharded (FSDP2) model: clipped sums reduce-scattered to the shards,
+    each rank noising only its own rows (see dptrain/distributed/fsdp.py).
+
+    The optimizer holds the sharded parameters (DTensors). Each rank's clipped sums are full-size
+    ({p: Tensor[*p.shape]}, its examples only); `_combine_clipped_sums` reduce-scatters each (one
+    collective per parameter: the global clipped sum of this rank's rows, never the whole sum on
+    one rank), and `_noise` draws N(0, std^2) for this rank's rows alone from this rank's stream
+    (`ShardNoise`): every element is noised once per step, by the rank holding it, with the std of
+    the base class, and the ranks' draws are independent. Adaptive clipping's count is summed and
+    its noise shared as in `DistributedDPOptimizer`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._shard_noise = ShardNoise(self.rank, self.world_size)
+        self._step_generator: torch.Generator | None = None
+
+    def passes_on_every_rank(self, local: int) -> int:
+        """The number of forward/backward passes every rank runs this step, given this rank's
+        `local` count: the largest over the ranks (a collective). FSDP gathers each unit's
+        parameters in every pass, a collective, so the ranks must run as many passes."""
+        device = self.params[0].device if self.params else torch.device("cpu")
+        count = torch.tensor([local], dtype=torch.int64, device=device)
+        if self.world_size > 1:
+            dist.all_reduce(count, op=dist.ReduceOp.MAX, group=self.group)
+        return int(count[0])
+
+    def _combine_clipped_sums(self, sums: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
+        """{p: DTensor} of the global clipped sums of this rank's rows (see the class doc)."""
+        combined = {}
+        for p, local in sums.items():
+            full = (torch.zeros(p.shape, dtype=norm_dtype(p), device=p.device)
+                    if _is_distributed_tensor(local) else local)
+            combined[p] = as_sharded(p, reduce_scatter_rows(full, p).to(norm_dtype(p)))
+        if hasattr(self.clipper, "centred_count"):  # adaptive clipping: sum over ranks
+            device = self.params[0].device if self.params else torch.device("cpu")
+            count = torch.tensor([float(self.clipper.centred_count)], dtype=torch.float64,
+                                 device=device)
+            self.clipper.centred_count = float(self._all_reduce(count)[0])
+        self._step_generator = self._shard_noise.next_generator(self.noise_generator)
+        return combined
+
+    def _noise(self, p: nn.Parameter, std: float) -> Tensor:
+        """N(0, std^2) for this rank's rows of `p` (a DTensor laid out like p; zeros at std 0)."""
+        local = local_rows(p)
+        dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
+        if std == 0:
+            return as_sharded(p, torch.zeros(local.shape, dtype=dtype, device=local.device))
+        return as_sharded(p, gaussian_noise(local.shape, std, self._step_generator,
+                                            self.secure_mode, device=local.device, dtype=dtype))
+
+
+def _is_distributed_tensor(t: Tensor) -> bool:
+    """Whether `t` is a DTensor (a sharded parameter's placeholder zeros, not a clipped sum)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)

@@ -34,6 +34,7 @@ from dptrain.data.sampling import (
 )
 from dptrain.data.user_sampling import UserDPDataLoader, user_groups, user_sample_rate
 from dptrain.distributed.ddp import unwrap_ddp
+from dptrain.distributed.fsdp import is_fully_sharded, sharded_source
 from dptrain.grad_sample.ghost import GhostClippingModule
 from dptrain.grad_sample.module import GradSampleModule
 from dptrain.checks import (
@@ -45,7 +46,7 @@ from dptrain.checks import (
 )
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import make_clipper
-from dptrain.privacy.distributed import DistributedDPOptimizer
+from dptrain.privacy.distributed import DistributedDPOptimizer, ShardedDPOptimizer
 from dptrain.randomness import derive_seeds, make_generator
 from dptrain.privacy.optimizer import DPOptimizer
 from dptrain.privacy.plan import (  # noqa: F401  (GRAD_SAMPLE_MODES: re-exported, its old home)
@@ -97,9 +98,10 @@ def _make_accountant(accountant: Any) -> Any:
     return get_accountant(accountant)
 
 
-def private_classes(distributed: bool, selection: str) -> tuple[type, type]:
+def private_classes(distributed: bool, selection: str, sharded: bool = False) -> tuple[type, type]:
     """(loader class, optimizer class) for make_private and the plan's selection kind
-    (poisson | shuffle | given): the distributed pair for a DDP model.
+    (poisson | shuffle | given): the distributed pair for a DDP model, with the sharded optimizer
+    for a fully sharded (FSDP2) one.
 
     Raises ConfigError for a DDP model without Poisson sampling: every rank would then train on
     the same given batches and the all-reduce would count each example once per rank
@@ -108,11 +110,12 @@ def private_classes(distributed: bool, selection: str) -> tuple[type, type]:
     if not distributed:
         return (ShuffleDataLoader if selection == "shuffle" else DPDataLoader), DPOptimizer
     if selection != "poisson":
-        raise ConfigError("poisson_sampling=False with a DistributedDataParallel model: each rank "
-                          "would train on the same batches of the given loader and the clipped "
-                          "sums, all-reduced across ranks, would count every example once per rank. "
-                          "Use poisson_sampling=True (each rank then samples its own shard).")
-    return DistributedDPDataLoader, DistributedDPOptimizer
+        raise ConfigError("poisson_sampling=False with a DistributedDataParallel or fully sharded "
+                          "(FSDP) model: each rank would train on the same batches of the given "
+                          "loader and the clipped sums, summed across ranks, would count every "
+                          "example once per rank. Use poisson_sampling=True (each rank then "
+                          "samples its own shard).")
+    return DistributedDPDataLoader, ShardedDPOptimizer if sharded else DistributedDPOptimizer
 
 
 def warn_if_delta_too_large(delta: float, num_samples: int | None, argument: str) -> None:
@@ -126,11 +129,14 @@ def warn_if_delta_too_large(delta: float, num_samples: int | None, argument: str
 
 
 def _wrap_module(module: nn.Module, grad_sample_mode: str, batch_first: bool,
-                 loss_reduction: str) -> Any:
-    """The per-sample gradient module for `grad_sample_mode` (a wrapped module is kept as is)."""
+                 loss_reduction: str, sharded: bool = False) -> Any:
+    """The per-sample gradient module for `grad_sample_mode` (a wrapped module is kept as is; a
+    fully sharded model gets its hooks on the gathered parameters, dptrain.distributed.fsdp)."""
     if grad_sample_mode not in GRAD_SAMPLE_MODES:
         raise ConfigError(f"grad_sample_mode={grad_sample_mode!r} is unknown; use one of "
                           f"{list(GRAD_SAMPLE_MODES)}.")
+    if sharded:
+        return sharded_source(module, grad_sample_mode, batch_first, loss_reduction)
     if all(callable(getattr(module, name, None)) for name in _INTERFACE):
         return module
     if not isinstance(module, nn.Module):
@@ -304,9 +310,11 @@ class PrivacyEngine:
         one user id per example, for a user-level plan)."""
         self._check_plan(plan, noise_generator)
         module, distributed = unwrap_ddp(module)  # a DDP model: its inner module
+        sharded = is_fully_sharded(module)  # FSDP2: dptrain/distributed/fsdp.py
+        distributed = distributed or sharded
         users = user_level_request(plan.unit.kind, user_ids, plan.unit.max_examples_per_user,
                                    performance.grad_sample_mode, distributed)
-        loader_class, optimizer_class = private_classes(distributed, plan.selection.kind)
+        loader_class, optimizer_class = private_classes(distributed, plan.selection.kind, sharded)
         num_samples, _ = self._unit_rate(data_loader, plan.unit, user_ids)  # N: examples or users
         plan = plan.with_dataset(num_samples)
         sigma, sample_rate = plan.noise.multiplier, plan.selection.sample_rate
@@ -315,7 +323,8 @@ class PrivacyEngine:
         rate_sched = as_schedule(schedules[1] if schedules[1] is not None
                                  else _as_spec(plan.selection.schedule), sample_rate,
                                  "sample_rate_schedule")
-        source = _wrap_module(module, performance.grad_sample_mode, batch_first, loss_reduction)
+        source = _wrap_module(module, performance.grad_sample_mode, batch_first, loss_reduction,
+                              sharded)
         try:
             named = _trainable_parameters(source)
             _check_optimizer_params(optimizer, source, named)

@@ -8,7 +8,10 @@ chunk). For each chunk `forward_backward(chunk)` runs the forward and backward p
 optimizer clips the chunk's per-sample gradients into the running clipped sum
 (`DPOptimizer.clip_and_accumulate`). Then noise is added once and the wrapped optimizer steps
 once (`DPOptimizer.step`), which charges the accountant one step. Nothing is inferred from the
-accountant and nothing is signalled through the loader: the step boundary is this call.
+accountant and nothing is signalled through the loader: the step boundary is this call. With a
+fully sharded model (FSDP: its parameter gathers are collectives) the ranks' chunk counts are
+evened out: a rank with fewer chunks runs empty ones (`forward_backward` must run the passes of
+an empty chunk too).
 `dptrain.BatchMemoryManager` keeps the user's own loop working the older way.
 """
 
@@ -18,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dptrain.data.virtual import split_batch
+from dptrain.data.virtual import in_lockstep, split_batch
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,8 @@ def private_step(optimizer: Any, batch: Any, max_physical_batch_size: int | None
     returning the chunk's number of rows. On an error the partial clipped sum is discarded
     (nothing of the batch is released) and the error propagates.
     """
-    chunks = split_batch(batch, max_physical_batch_size) if max_physical_batch_size else [batch]
+    chunks = in_lockstep(split_batch(batch, max_physical_batch_size)
+                         if max_physical_batch_size else [batch], optimizer)
     rows = 0
     try:
         for chunk in chunks:

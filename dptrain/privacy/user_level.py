@@ -71,7 +71,8 @@ def user_level_request(privacy_unit: str, user_ids: Any, max_examples_per_user: 
         raise _needs_hooks(repr(grad_sample_mode))
     if distributed:
         raise ConfigError("privacy_unit='user' is not supported with a DistributedDataParallel "
-                          "model (hardware=ddp): train user-level runs on one process.")
+                          "or fully sharded (FSDP) model (hardware=ddp, hardware=fsdp): train "
+                          "user-level runs on one process.")
     return UserLevelRequest(user_ids, max_examples_per_user)
 
 

@@ -47,7 +47,8 @@ from dptrain.train.ledger import PrivacyLedger, config_differences, refresh_laye
 from dptrain.train.replay import start_fingerprint
 from dptrain.train.settings import setting_name
 from dptrain.data.fingerprint import data_fingerprint
-from dptrain.distributed.runtime import is_main_process
+from dptrain.distributed.fsdp import is_fully_sharded, model_state_dict, optimizer_state_dict
+from dptrain.distributed.runtime import broadcast_object, is_main_process
 from dptrain.errors import ConfigError
 from dptrain.io import atomic_write_bytes, fsync_dir
 
@@ -368,14 +369,15 @@ def save_weights(path: Path | str, model: torch.nn.Module) -> None:
     weights_only=True)` reads it. A model with `save_pretrained` (model=hf) is also written in
     Hugging Face's format next to it (`pretrained_folder`). Under torch.distributed only rank 0
     writes."""
+    whole = model_state_dict(model)  # every rank: a collective for a fully sharded model
     if not is_main_process():
         return
     state = {name: value.detach().cpu() if isinstance(value, torch.Tensor) else value
-             for name, value in model.state_dict().items()}
+             for name, value in whole.items()}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(Path(path), _to_bytes(state))
     if callable(getattr(model, "save_pretrained", None)):
-        _save_pretrained(pretrained_folder(path), model)
+        _save_pretrained(pretrained_folder(path), model, state if is_fully_sharded(model) else None)
 
 
 def pretrained_folder(path: Path | str) -> Path:
@@ -385,13 +387,14 @@ def pretrained_folder(path: Path | str) -> Path:
     return path.with_name(f"{path.stem}_hf")
 
 
-def _save_pretrained(folder: Path, model: torch.nn.Module) -> None:
-    """`model.save_pretrained` into a fresh folder that replaces `folder` once complete."""
+def _save_pretrained(folder: Path, model: torch.nn.Module, state: dict[str, Any] | None) -> None:
+    """`model.save_pretrained` (of the whole `state` of a sharded model) into a fresh folder that
+    replaces `folder` once complete."""
     import shutil
 
     partial = folder.with_name(f"{folder.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial)
+    model.save_pretrained(partial, **({} if state is None else {"state_dict": state}))
     shutil.rmtree(folder, ignore_errors=True)
     partial.rename(folder)
     fsync_dir(folder.parent)
@@ -462,8 +465,9 @@ class Checkpointer:
                                                  read_items=replays)
 
     def fingerprint(self) -> str:
-        """The run's starting point (dptrain.train.replay.start_fingerprint)."""
-        return start_fingerprint(unwrap(self.job.model), self.generators)
+        """The run's starting point (dptrain.train.replay.start_fingerprint), rank 0's on every
+        rank (a fully sharded model's weights are gathered on rank 0 only)."""
+        return broadcast_object(start_fingerprint(unwrap(self.job.model), self.generators))
 
     def mark_epoch_start(self) -> None:
         """Remember the generators' states at the start of an epoch (a mid-epoch checkpoint
@@ -475,8 +479,12 @@ class Checkpointer:
         only: the other ranks of a hardware=ddp run hold the same state), and record them all in
         the ledger (one write)."""
         paths = [f"{CHECKPOINT_DIRNAME}/{name}" for name in names]
+        model = unwrap(self.job.model)  # every rank: collectives for a fully sharded model
+        whole = (model_state_dict(model),
+                 optimizer_state_dict(model, getattr(self.job.optimizer, "original_optimizer",
+                                                     self.job.optimizer)))
         if is_main_process():
-            self._write(paths)
+            self._write(paths, *whole)
         if BEST in names:
             save_weights(self.run_dir / BEST_MODEL_FILENAME, unwrap(self.job.model))
         if LAST in names:
@@ -501,15 +509,17 @@ class Checkpointer:
                 (self.run_dir / path).unlink(missing_ok=True)
         self.ledger.record_deleted(old)
 
-    def _write(self, paths: list[str]) -> None:
-        """The run's state written to run_dir/paths[0], the other paths linked to it."""
+    def _write(self, paths: list[str], model_state: dict[str, Any],
+               optimizer_state: dict[str, Any]) -> None:
+        """The run's state written to run_dir/paths[0], the other paths linked to it (the model's
+        and the optimizer's states whole: `model_state_dict`, `optimizer_state_dict`)."""
         pos = self.pos
         state = {
             "step": pos.step, "epoch": pos.epoch, "steps_in_epoch": pos.steps_in_epoch,
             "best_val_accuracy": pos.best_val_accuracy,
             "config": self.job.config, "config_hash": self.ledger.data["config_hash"],
-            "model": unwrap(self.job.model).state_dict(),
-            "optimizer": self.job.optimizer.state_dict(),
+            "model": model_state,
+            "optimizer": optimizer_state,
             "lr_scheduler": (None if self.job.lr_scheduler is None
                              else self.job.lr_scheduler.state_dict()),
             "engine": engine_state(self.job.engine) if self.spend.private else None,

@@ -253,13 +253,22 @@ class Trainer:
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor, tally: Tally,
                           weight: float) -> None:
-        if x.shape[0] == 0:
-            return  # empty Poisson batch: the optimizer step adds noise only
+        if x.shape[0] == 0:  # empty Poisson batch: the optimizer step adds noise only
+            if getattr(self.job.optimizer, "passes_on_every_rank", None) is not None:
+                self._empty_pass(x)  # a sharded model: the other ranks' passes need this one's
+            return
         with autocast(self.job):
             out = self.job.model(x)
             loss = self.job.loss_fn(out, y)
         (loss * weight if weight != 1.0 else loss).backward()
         tally.add(loss.float(), out.float(), y)
+
+    def _empty_pass(self, x: torch.Tensor) -> None:
+        """Forward and backward of an empty batch (0 rows, zero gradients): a fully sharded
+        model gathers its parameters in every pass, collectives every rank must join."""
+        with autocast(self.job):
+            out = self.job.model(x)
+        (out.sum() * 0.0).backward()
 
     def _epoch_iterator(self) -> Iterator[Any]:
         """A new iterator over the epoch's logical batches.

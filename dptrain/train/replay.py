@@ -54,15 +54,17 @@ from torch import nn
 
 from dptrain.accounting.history import History, history_steps, merge_history, steps_after
 from dptrain.data.fingerprint import UNKNOWN
+from dptrain.distributed.fsdp import model_state_dict
 
 
 def start_fingerprint(model: nn.Module, generators: Mapping[str, torch.Generator]) -> str:
     """SHA-256 (hex) of a job's starting point: the model's state_dict and the states of its
     resumable generators (`checkpoint.resumable_generators`: reproducible ones only, never one
     seeded from OS entropy). Two jobs with equal fingerprints and a reproducible mechanism replay
-    identically."""
+    identically. A fully sharded model's parameters are gathered (a collective): only rank 0's
+    fingerprint covers them, so under FSDP use rank 0's (`Checkpointer.fingerprint`)."""
     digest = hashlib.sha256()
-    for name, value in sorted(model.state_dict().items()):
+    for name, value in sorted(model_state_dict(model).items()):
         digest.update(name.encode("utf-8"))
         if isinstance(value, torch.Tensor):
             flat = value.detach().cpu().contiguous().reshape(-1)

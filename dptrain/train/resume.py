@@ -17,6 +17,7 @@ from typing import Any
 
 from dptrain.accounting.history import history_from_json, history_steps, merge_history, steps_after
 from dptrain.distributed.consistency import check_same_on_every_rank
+from dptrain.distributed.fsdp import load_model_state_dict, load_optimizer_state_dict
 from dptrain.distributed.runtime import is_main_process
 from dptrain.privacy.plan import PrivacyPlan
 from dptrain.errors import BudgetExhaustedError, ConfigError, PrivacyError
@@ -221,8 +222,10 @@ class Resumer:
     # -- restoring -----------------------------------------------------------------------------
     def _restore(self, state: dict[str, Any], path: Path) -> None:
         job, pos = self.job, self.pos
-        unwrap(job.model).load_state_dict(state["model"])
-        job.optimizer.load_state_dict(state["optimizer"])
+        model = unwrap(job.model)  # whole states: any number of ranks (fully sharded or not)
+        load_model_state_dict(model, state["model"])
+        load_optimizer_state_dict(model, getattr(job.optimizer, "original_optimizer",
+                                                 job.optimizer), state["optimizer"])
         if job.lr_scheduler is not None:
             restore_lr_scheduler(job.lr_scheduler, state.get("lr_scheduler"), int(state["step"]))
         if not self.spend.private:

@@ -183,10 +183,17 @@ def train_cli(run_dir: str, overrides: tuple[str, ...]) -> dict[str, Any]:
 
     job, settings = build_job(compose(*overrides), Path(run_dir))
     result = train(job, settings)
-    params = torch.cat([p.detach().flatten() for p in job.model.parameters()])
+    params = torch.cat([_full(p).detach().flatten() for p in job.model.parameters()])
     return {"status": result.status, "steps": result.steps, "epsilon": result.epsilon,
             "test_accuracy": result.test_accuracy, "params": params,
             "history": list(job.engine.accountant.history) if job.engine else None}
+
+
+def _full(param: torch.Tensor) -> torch.Tensor:
+    """A parameter whole: gathered from the ranks when it is sharded (a DTensor: hardware=fsdp)."""
+    from torch.distributed.tensor import DTensor
+
+    return param.full_tensor() if isinstance(param, DTensor) else param
 
 
 def cli_worker(rank: int, world_size: int, port: int, run_dir: str,

@@ -11,8 +11,15 @@ from dptrain.distributed.consistency import flatten
 from dptrain.io import json_safe
 
 # Config keys that may change between a run and its resume without changing what is trained.
+# Where and on how many processes a run computes: a checkpoint holds whole states (the model and
+# optimizer gathered under FSDP), so a run may resume on another device or number of ranks
+# (hardware=cpu, ddp, fsdp). hardware.precision stays: it changes what is computed.
+PROCESS_LAYOUT_KEYS = ("hardware.device", "hardware.num_workers", "hardware.distributed",
+                       "hardware.sharded", "hardware.fsdp_units", "hardware.nproc_per_node",
+                       "hardware.nodes", "hardware.backend", "hardware.timeout_s")
 RESUME_EXEMPT_KEYS = ("train.resume", "train.progress", "train.max_steps", "train.run_dir",
-                      "train.keep_checkpoints", "train.wait_for_lock", "hydra", "logger")
+                      "train.keep_checkpoints", "train.wait_for_lock", "hydra", "logger",
+                      *PROCESS_LAYOUT_KEYS)
 # Config keys renamed since a ledger or checkpoint was written: {old name: new name}. A resume
 # compares the recorded values under their new names. privacy.reproducible_noise=true seeded the
 # noise and the sampling from train.seed, as reproducible_mechanism=true does; =false seeded the

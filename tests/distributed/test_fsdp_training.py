@@ -1,0 +1,193 @@
+"""Private training of FSDP2-sharded models (fully_shard) on 2 gloo ranks against one process.
+
+The scenarios run once per group, under one process group (module fixtures); each test checks one
+behaviour. The single-process references use the same engine seed, hence the same global Poisson
+batches: with sigma = 0 the sharded run must reproduce them up to float64 summation order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import ddp_workers
+import fsdp_workers as workers
+
+ATOL = 1e-12
+
+MLP = {
+    "hooks": dict(problem=workers.mlp_problem, steps=5, noise_multiplier=0.0),
+    "ghost_first_layer_a_unit": dict(problem=workers.mlp_problem, steps=5, noise_multiplier=0.0,
+                                     grad_sample_mode="ghost", units=workers.first_layer),
+    "noise": dict(problem=workers.mlp_problem, steps=40, noise_multiplier=1.0, lr=0.0),
+    "virtual_batches": dict(problem=workers.mlp_problem, steps=5, noise_multiplier=0.0,
+                            physical=2, grad_sample_mode="ghost"),
+    # q = 1/40: each rank's shard of 20 examples is empty in ~60% of the steps.
+    "empty_shards": dict(problem=workers.mlp_problem, steps=12, noise_multiplier=0.0, batch=1,
+                         physical=1),
+    "per_layer": dict(problem=workers.mlp_problem, steps=5, noise_multiplier=0.0,
+                      clipping="per_layer", units=workers.first_layer),
+    "adaptive": dict(problem=workers.mlp_problem, steps=5, noise_multiplier=1.0,
+                     clipping="adaptive", count_noise_std=2.0),
+    "bf16": dict(problem=workers.mlp_float32_problem, steps=5, noise_multiplier=0.0,
+                 mixed_precision=True, grad_sample_mode="ghost", units=workers.first_layer),
+}
+HF = {
+    "gpt2_hooks": dict(problem=workers.gpt2_problem, steps=3, noise_multiplier=0.0,
+                       units=workers.gpt2_blocks),
+    "gpt2_ghost": dict(problem=workers.gpt2_problem, steps=3, noise_multiplier=0.0,
+                       units=workers.gpt2_blocks, grad_sample_mode="ghost"),
+    "bert_lora_hooks": dict(problem=workers.bert_lora_problem, steps=3, noise_multiplier=0.0,
+                            units=workers.bert_layers, lr=20.0),
+    "bert_lora_ghost": dict(problem=workers.bert_lora_problem, steps=3, noise_multiplier=0.0,
+                            units=workers.bert_layers, grad_sample_mode="ghost", lr=20.0),
+}
+
+
+def _run(scenarios: dict, folder) -> list[dict]:
+    results = ddp_workers.run_ranks(workers.scenarios_worker, folder, args=(scenarios,),
+                                    timeout_s=240)
+    for result in results:
+        assert "crash" not in result, result.get("crash")
+    return results
+
+
+@pytest.fixture(scope="module")
+def mlp_ranks(tmp_path_factory) -> list[dict]:
+    return _run(MLP, tmp_path_factory.mktemp("mlp"))
+
+
+@pytest.fixture(scope="module")
+def hf_ranks(tmp_path_factory) -> list[dict]:
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    return _run(HF, tmp_path_factory.mktemp("hf"))
+
+
+def _single(scenarios: dict, name: str) -> dict:
+    return workers.train_private(sharded=False, **scenarios[name])
+
+
+def _assert_same_model(ranks: list[dict], single: dict, scenario: str, atol: float = ATOL) -> None:
+    for result in ranks:
+        torch.testing.assert_close(result[scenario]["params"], single["params"], rtol=0, atol=atol)
+
+
+def test_with_noise_0_the_sharded_mlp_equals_the_single_process_mlp_in_hooks_mode(mlp_ranks):
+    _assert_same_model(mlp_ranks, _single(MLP, "hooks"), "hooks")
+
+
+def test_with_noise_0_the_sharded_mlp_equals_the_single_process_mlp_in_ghost_mode(mlp_ranks):
+    _assert_same_model(mlp_ranks, _single(MLP, "ghost_first_layer_a_unit"),
+                       "ghost_first_layer_a_unit")
+
+
+@pytest.mark.parametrize("scenario", ["gpt2_hooks", "gpt2_ghost"])
+def test_with_noise_0_a_sharded_gpt2_with_tied_embeddings_equals_one_process(hf_ranks, scenario):
+    single = _single(HF, scenario)
+    initial = workers.full_parameters(workers.gpt2_problem()[0])
+    assert (single["params"] - initial).abs().max() > 1e-3  # the steps moved the weights
+    _assert_same_model(hf_ranks, single, scenario)
+
+
+@pytest.mark.parametrize("scenario", ["bert_lora_hooks", "bert_lora_ghost"])
+def test_with_noise_0_a_sharded_bert_with_lora_equals_one_process(hf_ranks, scenario):
+    single = _single(HF, scenario)
+    initial = workers.full_parameters(workers.bert_lora_problem()[0])
+    assert (single["params"] - initial).abs().max() > 1e-3
+    _assert_same_model(hf_ranks, single, scenario)
+
+
+def test_virtual_batches_of_different_counts_per_rank_equal_the_single_process_run(mlp_ranks):
+    _assert_same_model(mlp_ranks, _single(MLP, "virtual_batches"), "virtual_batches")
+
+
+def test_steps_with_an_empty_shard_on_one_rank_equal_the_single_process_run(mlp_ranks):
+    assert any(size == 0 for r in mlp_ranks for size in r["empty_shards"]["chunk_sizes"])
+    _assert_same_model(mlp_ranks, _single(MLP, "empty_shards"), "empty_shards")
+
+
+def test_per_layer_clipping_of_a_sharded_model_equals_the_single_process_run(mlp_ranks):
+    _assert_same_model(mlp_ranks, _single(MLP, "per_layer"), "per_layer")
+
+
+def test_adaptive_clipping_keeps_the_same_bound_on_every_rank(mlp_ranks):
+    bounds = [r["adaptive"]["bound"] for r in mlp_ranks]
+    assert bounds[0] == bounds[1] != 0.3  # it moved from the initial bound, equally
+
+
+def test_each_element_gets_noise_of_std_sigma_c_over_b_once_per_step(mlp_ranks):
+    rows = [r["noise"]["noise"] for r in mlp_ranks]       # [40 steps, this rank's elements]
+    noise = torch.cat(rows, dim=1)                          # every element once: 83 per step
+    assert noise.shape == (40, 83)
+    result = mlp_ranks[0]["noise"]
+    expected = 1.0 * result["bound"] / result["expected_batch_size"]   # sigma * C / B
+    # 3320 draws: the relative standard error of the std is ~1/sqrt(2 * 3320) = 1.2%.
+    assert abs(noise.std().item() / expected - 1) < 0.06
+    assert abs(noise.std().item() / (expected * math.sqrt(2)) - 1) > 0.2
+    assert bool((noise != 0).all())                          # no element skipped
+
+
+def test_the_ranks_draw_independent_noise_for_their_rows(mlp_ranks):
+    first, second = (r["noise"]["noise"] for r in mlp_ranks)
+    width = min(first.shape[1], second.shape[1])
+    a, b = first[:, :width].flatten(), second[:, :width].flatten()
+    correlation = torch.corrcoef(torch.stack([a, b]))[0, 1].item()
+    assert abs(correlation) < 4 / math.sqrt(a.numel())       # 4 standard errors
+    assert not torch.equal(first[:, :width], second[:, :width])
+
+
+def test_the_accountant_of_a_sharded_run_equals_the_single_process_one(mlp_ranks):
+    single = _single(MLP, "noise")
+    for result in mlp_ranks:
+        assert result["noise"]["history"] == single["history"]
+        assert result["noise"]["epsilon"] == pytest.approx(single["epsilon"], rel=1e-12)
+
+
+def test_bf16_mixed_precision_keeps_the_clipped_sums_in_float32(mlp_ranks):
+    for result in mlp_ranks:
+        assert result["bf16"]["sum_dtypes"] == ["torch.float32"]
+
+
+def test_bf16_mixed_precision_trains_like_float32_up_to_bf16_rounding(mlp_ranks):
+    single = workers.train_private(sharded=False, **{**MLP["bf16"], "mixed_precision": False})
+    _assert_same_model(mlp_ranks, single, "bf16", atol=2e-2)
+
+
+@pytest.fixture(scope="module")
+def errors(tmp_path_factory) -> list[dict]:
+    return _run_worker(workers.errors_worker, tmp_path_factory.mktemp("errors"))
+
+
+def _run_worker(worker, folder) -> list[dict]:
+    results = ddp_workers.run_ranks(worker, folder, timeout_s=120)
+    for result in results:
+        assert "crash" not in result, result.get("crash")
+    return results
+
+
+def test_a_trainable_parameter_fsdp_does_not_manage_is_refused_naming_it(errors):
+    for result in errors:
+        assert "'2.weight' is not sharded by FSDP" in result["root_left_whole"]
+        assert "fully_shard to the root module" in result["root_left_whole"]
+
+
+def test_a_sharded_model_without_poisson_sampling_is_refused(errors):
+    for result in errors:
+        assert "fully sharded (FSDP)" in result["non_poisson"]
+
+
+def test_user_level_privacy_with_a_sharded_model_is_refused(errors):
+    for result in errors:
+        assert "fully sharded (FSDP) model (hardware=ddp, hardware=fsdp)" in result["user_level"]
+
+
+def test_fsdp_units_naming_a_class_the_model_lacks_are_refused_naming_the_key(errors):
+    for result in errors:
+        assert "hardware.fsdp_units=['GPT2Block']" in result["missing_unit"]
+
+
+def test_a_model_sharded_the_default_way_is_accepted(errors):
+    assert [r["sharded_fine"] for r in errors] == [None, None]
