@@ -6,38 +6,22 @@ docs/migrating-from-opacus.md); they are deselected, neither run nor counted as 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest.importorskip("opacus", reason="the compatibility tests compare against opacus>=1.5")
 
 # test id (file::Class::test[case]) -> why it is left out
 LEFT_OUT: dict[str, str] = {
-    "test_opacus_accountants.py::AccountingTest::test_get_noise_multiplier_gdp":
-        "AssertionError: 1.3233756255477815 != 1.3232421875 within 7 places (0.00013343804778154222 difference)",
-    "test_opacus_accountants.py::AccountingTest::test_get_noise_multiplier_prv_epochs":
-        "AssertionError: 1.3477509646811896 != 1.34765625 within 4 places (9.471468118960047e-05 difference)",
-    "test_opacus_accountants.py::AccountingTest::test_get_noise_multiplier_prv_steps":
-        "AssertionError: 1.2916966763215718 != 1.2915 within 4 places (0.00019667632157172044 difference)",
-    "test_opacus_accountants.py::AccountingTest::test_get_noise_multiplier_rdp_epochs":
-        "AssertionError: 1.4163550182843463 != 1.416 within 4 places (0.0003550182843463645 difference)",
-    "test_opacus_accountants.py::AccountingTest::test_get_noise_multiplier_rdp_steps":
-        "AssertionError: 1.3568557406244832 != 1.3562 within 4 places (0.0006557406244831476 difference)",
     "test_opacus_accountants.py::AccountingTest::test_prv_accountant":
         "AssertionError: 6.778345554538991 != 6.777395712150674 within 7 places (0.0009498423883167462 difference)",
-    "test_opacus_batch_memory_manager.py::BatchMemoryManagerTest::test_basic":
-        "AssertionError: 32 != 64",
     "test_opacus_batch_memory_manager.py::BatchMemoryManagerTest::test_equivalent_to_one_batch":
         "AssertionError: False is not true",
-    "test_opacus_batch_memory_manager.py::BatchMemoryManagerTestWithExpandedWeights::test_basic":
-        "AssertionError: 32 != 64",
     "test_opacus_batch_memory_manager.py::BatchMemoryManagerTestWithExpandedWeights::test_equivalent_to_one_batch":
         "AssertionError: False is not true",
-    "test_opacus_batch_memory_manager.py::BatchMemoryManagerTestWithFunctorch::test_basic":
-        "AssertionError: 32 != 64",
     "test_opacus_batch_memory_manager.py::BatchMemoryManagerTestWithFunctorch::test_equivalent_to_one_batch":
         "AssertionError: False is not true",
-    "test_opacus_dp_layers_dp_rnn.py::DPLSTM_test::test_rnn":
-        "...",
     "test_opacus_dpdataloader.py::CollateFnWithEmptyTest::test_batch_first_false":
         "NameError: name 'CollateFnWithEmpty' is not defined",
     "test_opacus_dpdataloader.py::CollateFnWithEmptyTest::test_dict_structure_preserved":
@@ -90,8 +74,6 @@ LEFT_OUT: dict[str, str] = {
         "fails",
     "test_opacus_gradient_accumulation.py::GradientAccumulationTestFunctorch::test_privacy_engine_zero_grad":
         "AssertionError: ValueError not raised",
-    "test_opacus_module_validator.py::ModuleValidator_test::test_fix":
-        "AssertionError: 0 not greater than 0",
     "test_opacus_module_validator.py::ModuleValidator_test::test_is_valid_non_learnable_bn":
         "AssertionError: False is not true",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_compare_to_vanilla":
@@ -100,128 +82,92 @@ LEFT_OUT: dict[str, str] = {
         "AssertionError: False is not true : Model parameters after deterministic run must match",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_flat_clipping":
         "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_per_layer_clipping":
         "AssertionError: 0.04587621986865997 != 0.5967262387275696 within 3 places (0.5508500188589096 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_sample_grad_aggregation":
         "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_compare_to_vanilla":
         "AssertionError: False != True : Unexpected private/vanilla weight match (conv2.weight).Should be: True",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_deterministic_run":
         "AssertionError: False is not true : Model parameters after deterministic run must match",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_flat_clipping":
         "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_per_layer_clipping":
         "AssertionError: 0.04587621986865997 != 0.16665862500667572 within 3 places (0.12078240513801575 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_sample_grad_aggregation":
         "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_compare_to_vanilla":
         "AssertionError: False != True : Unexpected private/vanilla weight match (conv2.weight).Should be: True",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_deterministic_run":
         "AssertionError: False is not true : Model parameters after deterministic run must match",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_flat_clipping":
         "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_per_layer_clipping":
         "AssertionError: 0.04587621986865997 != 0.1557769924402237 within 3 places (0.10990077257156372 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_sample_grad_aggregation":
         "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_validator_weight_update_check":
-        "fails",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_compare_to_vanilla":
         "AssertionError: False != True : Unexpected private/vanilla weight match (conv1.weight).Should be: True",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_deterministic_run":
         "AssertionError: False is not true : Model parameters after deterministic run must match",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_flat_clipping":
         "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_per_layer_clipping":
         "AssertionError: 0.10002968460321426 != 0.9999989867210388 within 3 places (0.8999693021178246 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_sample_grad_aggregation":
         "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_compare_to_vanilla":
         "AssertionError: False != True : Unexpected private/vanilla weight match (conv1.weight).Should be: True",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_deterministic_run":
         "AssertionError: False is not true : Model parameters after deterministic run must match",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_flat_clipping":
         "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_per_layer_clipping":
         "AssertionError: 0.10002968460321426 != 0.69191575050354 within 3 places (0.5918860659003258 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_sample_grad_aggregation":
         "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestExpandedWeights::test_compare_to_vanilla":
         "AssertionError: False != True : Unexpected private/vanilla weight match (conv1.weight).Should be: True",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestExpandedWeights::test_deterministic_run":
         "AssertionError: False is not true : Model parameters after deterministic run must match",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestExpandedWeights::test_flat_clipping":
         "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestExpandedWeights::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestExpandedWeights::test_per_layer_clipping":
         "AssertionError: 0.10002968460321426 != 0.9009780287742615 within 3 places (0.8009483441710472 difference)",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestExpandedWeights::test_validator_weight_update_check":
-        "fails",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_compare_to_vanilla":
         "AssertionError: False != True : Unexpected private/vanilla weight match (conv1.weight).Should be: True",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_deterministic_run":
         "AssertionError: False is not true : Model parameters after deterministic run must match",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_flat_clipping":
         "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_per_layer_clipping":
         "AssertionError: 0.10002968460321426 != 0.9999990463256836 within 3 places (0.8999693617224693 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_sample_grad_aggregation":
         "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_compare_to_vanilla":
         "AssertionError: False != True : Unexpected private/vanilla weight match (extra_param).Should be: True",
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_deterministic_run":
         "AssertionError: False is not true : Model parameters after deterministic run must match",
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_flat_clipping":
         "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_noise_level":
         "fails",
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_per_layer_clipping":
         "AssertionError: 0.9742952585220337 != 0.9999990463256836 within 3 places (0.025703787803649902 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_sample_grad_aggregation":
         "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_compare_to_vanilla":
         "AssertionError: False != True : Unexpected private/vanilla weight match (extra_param).Should be: True",
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_deterministic_run":
         "AssertionError: False is not true : Model parameters after deterministic run must match",
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_flat_clipping":
         "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_noise_level":
         "AssertionError: 0.11152612417936325 != 0.1333405387387957 within 0.020001080810819354 delta (0.021814414559432",
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_per_layer_clipping":
         "AssertionError: 0.9742952585220337 != 0.9999991059303284 within 3 places (0.025703847408294678 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_sample_grad_aggregation":
         "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
     "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_compare_to_vanilla":
         "AssertionError: False != True : Unexpected private/vanilla weight match (emb.weight).Should be: True",
     "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_deterministic_run":
@@ -234,8 +180,6 @@ LEFT_OUT: dict[str, str] = {
         "AssertionError: 1.0 != 0.8359321355819702 within 3 places (0.16406786441802979 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_sample_grad_aggregation":
         "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
     "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_compare_to_vanilla":
         "AssertionError: False != True : Unexpected private/vanilla weight match (emb.weight).Should be: True",
     "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_deterministic_run":
@@ -248,8 +192,6 @@ LEFT_OUT: dict[str, str] = {
         "AssertionError: 0.17650216817855835 != 0.15268287062644958 within 3 places (0.023819297552108765 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_sample_grad_aggregation":
         "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
     "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_compare_to_vanilla":
         "AssertionError: False != True : Unexpected private/vanilla weight match (emb.weight).Should be: True",
     "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_deterministic_run":
@@ -262,44 +204,30 @@ LEFT_OUT: dict[str, str] = {
         "AssertionError: 1.0 != 0.8831639289855957 within 3 places (0.1168360710144043 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_sample_grad_aggregation":
         "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_compare_to_vanilla":
         "AssertionError: False != True : Unexpected private/vanilla weight match (emb.weight).Should be: True",
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_deterministic_run":
         "AssertionError: False is not true : Model parameters after deterministic run must match",
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_flat_clipping":
         "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_sample_grad_aggregation":
         "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_compare_to_vanilla":
         "AssertionError: False != True : Unexpected private/vanilla weight match (emb.weight).Should be: True",
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_deterministic_run":
         "AssertionError: False is not true : Model parameters after deterministic run must match",
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_flat_clipping":
         "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_sample_grad_aggregation":
         "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_compare_to_vanilla":
         "AssertionError: False != True : Unexpected private/vanilla weight match (emb.weight).Should be: True",
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_deterministic_run":
         "AssertionError: False is not true : Model parameters after deterministic run must match",
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_flat_clipping":
         "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_sample_grad_aggregation":
         "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
     "test_opacus_randomness.py::DataLoaderRandomnessTest::test_global_seed":
         "RuntimeError: The size of tensor a (75) must match the size of tensor b (71) at non-singleton dimension 0",
     "test_opacus_randomness.py::DataLoaderRandomnessTest::test_original_generator":
@@ -331,10 +259,19 @@ SLOW_FILES = ("test_opacus_accountants.py", "test_opacus_dp_layers_dp_rnn.py",
               "test_opacus_randomness.py")
 
 
+# single tests over ~20 s (hypothesis draws many examples) in files that are otherwise fast
+SLOW_TESTS = ("test_opacus_batch_memory_manager.py::BatchMemoryManagerTest::test_basic",
+              "test_opacus_batch_memory_manager.py::BatchMemoryManagerTestWithExpandedWeights::"
+              "test_basic",
+              "test_opacus_batch_memory_manager.py::BatchMemoryManagerTestWithFunctorch::test_basic")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.name in SLOW_FILES:
+        if item.path.name in SLOW_FILES or item.nodeid.split("compat/", 1)[-1] in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+    if os.environ.get("DPTRAIN_COMPAT_RUN_LEFT_OUT"):
+        return  # diagnosing: run the left-out tests too
     left_out = [item for item in items if item.nodeid.split("compat/", 1)[-1] in LEFT_OUT]
     if left_out:
         config.hook.pytest_deselected(items=left_out)
