@@ -201,3 +201,14 @@ def test_batch_memory_manager_length_counts_physical_batches_as_opacus_does():
     with BatchMemoryManager(data_loader=private_loader, max_physical_batch_size=BATCH // 2,
                             optimizer=dp_optimizer) as physical:
         assert len(physical) == 2 * len(private_loader)
+
+
+def test_make_functional_computes_the_module_with_the_given_parameters():
+    from dptrain.opacus.grad_sample.functorch import make_functional
+
+    model, _, _ = _setup()
+    fmodel, params = make_functional(model)
+    x = torch.randn(3, 4)
+    assert torch.equal(fmodel(params, x), model(x))
+    doubled = tuple(2 * p for p in params)
+    assert not torch.allclose(fmodel(doubled, x), model(x))
