@@ -75,10 +75,13 @@ SEQUENCE_FIRST = (
     "(make_private_with_epsilon's default): Opacus then takes the sequence dimension for the "
     "batch; dptrain refuses (ConfigError naming the DPMultiheadAttention with batch_first=False)")
 NOISE_TOLERANCE = (
-    "asserts the squared norm of the noise within 15 %, 1.35 standard deviations of its "
-    "chi-square over this model's 160 parameters: Opacus passes with the noise of "
-    "torch.manual_seed(100); dptrain's fresh noise misses it about 1 draw in 5 (measured noise "
-    "variance per step: 0.98 of sigma^2 C^2 / B^2)")
+    "asserts the squared norm of fresh noise within 15 % of its mean, which for a small model is "
+    "a few standard deviations of its chi-square (1.35 for the custom-layer model's 160 "
+    "parameters, 3.3 for the tied-weights model's 972, 3.5 for the attention model's 1,097): "
+    "over hypothesis's draws it fails now and then with dptrain's fresh noise (seen: tied "
+    "weights, 0.1073 off where 0.1068 is allowed), while Opacus passes with the noise of "
+    "torch.manual_seed(100). The ConvNet models (13,042 parameters, 15 % is 12 standard "
+    "deviations) keep the check; measured noise variance per step: 0.98 of sigma^2 C^2 / B^2")
 
 # test id (file::Class::test) -> why it is left out
 LEFT_OUT: dict[str, str] = {
@@ -296,6 +299,18 @@ LEFT_OUT: dict[str, str] = {
         SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_sample_grad_aggregation":
         GRAD_SAMPLE_AFTER_STEP,
+    "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_noise_level":
+        NOISE_TOLERANCE,
+    "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_noise_level":
+        NOISE_TOLERANCE,
+    "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_noise_level":
+        NOISE_TOLERANCE,
+    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_noise_level":
+        NOISE_TOLERANCE,
+    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_noise_level":
+        NOISE_TOLERANCE,
+    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_noise_level":
+        NOISE_TOLERANCE,
     "test_opacus_randomness.py::DataLoaderRandomnessTest::test_global_seed":
         GLOBAL_SEED,
     "test_opacus_randomness.py::DataLoaderRandomnessTest::test_original_generator":
