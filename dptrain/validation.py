@@ -261,10 +261,26 @@ class ModuleValidator:
         """Every problem in ``model``, one per offending submodule, in module order."""
         problems = []
         for path, module in model.named_modules():
-            rule = _rule_for(module)
-            if rule is not None:
-                problems.append(ModuleProblem(path, rule.problem(module), rule.fix))
+            problem = ModuleValidator.problem_of(module, path)
+            if problem is not None:
+                problems.append(problem)
         return problems
+
+    @staticmethod
+    def problem_of(module: nn.Module, path: str = "") -> ModuleProblem | None:
+        """The problem of ``module`` itself (its submodules are not looked at), reported at
+        ``path``, or None when DP-SGD can train it as it is. The per-module check behind
+        :meth:`validate`, for validators that walk a model their own way."""
+        rule = _rule_for(module)
+        return None if rule is None else ModuleProblem(path, rule.problem(module), rule.fix)
+
+    @staticmethod
+    def replacement_of(module: nn.Module) -> nn.Module:
+        """``module`` itself converted to what :meth:`fix` puts in its place (a new module, the
+        weights carried over), or ``module`` unchanged when :meth:`problem_of` finds nothing.
+        Its submodules are not converted: :meth:`fix` does the whole model."""
+        rule = _rule_for(module)
+        return module if rule is None else rule.replace(module)
 
     @staticmethod
     def is_valid(model: nn.Module) -> bool:

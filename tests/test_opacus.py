@@ -123,3 +123,92 @@ def test_noise_from_os_entropy_is_announced_and_a_generator_silences_it():
         PrivacyEngine().make_private(module=model, optimizer=optimizer, data_loader=loader,
                                      noise_multiplier=1.0, max_grad_norm=1.0,
                                      noise_generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize(("accountant", "length"), [("rdp", {"epochs": 3}), ("rdp", {"steps": 40}),
+                                                    ("gdp", {"epochs": 3}), ("prv", {"steps": 40})])
+def test_get_noise_multiplier_returns_opacus_sigma(accountant, length):
+    from opacus.accountants.utils import get_noise_multiplier as opacus_sigma
+
+    from dptrain.opacus.accountants.utils import get_noise_multiplier
+
+    arguments = dict(target_epsilon=2.0, target_delta=1e-5, sample_rate=0.05,
+                     accountant=accountant, **length)
+    assert get_noise_multiplier(**arguments) == opacus_sigma(**arguments)
+
+
+def test_make_private_with_epsilon_uses_opacus_sigma_and_reaches_its_epsilon():
+    from opacus import PrivacyEngine as OpacusEngine
+
+    sigmas, epsilons = [], []
+    for engine_class in (OpacusEngine, PrivacyEngine):
+        model, optimizer, loader = _setup()
+        engine = engine_class(accountant="rdp")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _, dp_optimizer, private_loader = engine.make_private_with_epsilon(
+                module=model, optimizer=optimizer, data_loader=loader, target_epsilon=3.0,
+                target_delta=1e-5, epochs=2, max_grad_norm=1.0)
+        sigmas.append(dp_optimizer.noise_multiplier)
+        for _ in range(2 * len(loader)):
+            engine.accountant.step(noise_multiplier=sigmas[-1], sample_rate=BATCH / N)
+        epsilons.append(engine.get_epsilon(1e-5))
+    assert sigmas[1] == sigmas[0]
+    assert epsilons[1] == pytest.approx(epsilons[0], rel=1e-9)
+
+
+def test_an_optimizer_of_other_parameters_is_refused_with_opacus_words():
+    model, _, loader = _setup()
+    optimizer = torch.optim.SGD(ModuleValidator.fix(model).parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="Module parameters are different than optimizer "
+                                         "Parameters.*model.parameters"):
+        PrivacyEngine().make_private(module=model, optimizer=optimizer, data_loader=loader,
+                                     noise_multiplier=1.0, max_grad_norm=1.0)
+
+
+def test_fix_logs_each_replacement_as_opacus_does(caplog):
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))
+    with caplog.at_level("INFO"):
+        ModuleValidator.fix(model)
+    assert [r.getMessage().split(" :")[0] for r in caplog.records] == ["Replaced sub_module 1"]
+
+
+def test_the_adapter_imports_no_private_name_of_the_core():
+    import ast
+    import pathlib
+
+    import dptrain.opacus
+
+    private = []
+    for path in pathlib.Path(dptrain.opacus.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dptrain")
+                    and not node.module.startswith("dptrain.opacus")):
+                private += [f"{path.name}: {node.module}.{a.name}" for a in node.names
+                            if a.name.startswith("_")]
+    assert private == []
+
+
+def test_batch_memory_manager_length_counts_physical_batches_as_opacus_does():
+    from dptrain.opacus.utils.batch_memory_manager import BatchMemoryManager
+
+    model, optimizer, loader = _setup()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, dp_optimizer, private_loader = PrivacyEngine().make_private(
+            module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.0,
+            max_grad_norm=1.0)
+    with BatchMemoryManager(data_loader=private_loader, max_physical_batch_size=BATCH // 2,
+                            optimizer=dp_optimizer) as physical:
+        assert len(physical) == 2 * len(private_loader)
+
+
+def test_make_functional_computes_the_module_with_the_given_parameters():
+    from dptrain.opacus.grad_sample.functorch import make_functional
+
+    model, _, _ = _setup()
+    fmodel, params = make_functional(model)
+    x = torch.randn(3, 4)
+    assert torch.equal(fmodel(params, x), model(x))
+    doubled = tuple(2 * p for p in params)
+    assert not torch.allclose(fmodel(doubled, x), model(x))

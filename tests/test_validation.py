@@ -283,3 +283,18 @@ def test_fixed_buffers_and_eval_mode_forwards_are_accepted() -> None:
     x = torch.randn(4, 3, dtype=torch.float64)
     GradSampleModule(nn.Sequential(_RunningMean(update=None)).double())(x).sum().backward()
     GradSampleModule(nn.Sequential(_RunningMean()).double()).eval()(x)
+
+
+def test_problem_of_reports_the_module_itself_and_not_its_submodules():
+    net = _conv_net(nn.BatchNorm2d(8))
+    assert ModuleValidator.problem_of(net) is None
+    problem = ModuleValidator.problem_of(net[1], "1")
+    assert problem == ModuleValidator.validate(net)[0]
+
+
+def test_replacement_of_converts_one_refused_module_and_returns_an_accepted_one_unchanged():
+    bn = nn.BatchNorm2d(8)
+    assert isinstance(ModuleValidator.replacement_of(bn), nn.GroupNorm)
+    net = _conv_net(nn.BatchNorm2d(8))
+    assert ModuleValidator.replacement_of(net) is net
+    assert isinstance(ModuleValidator.replacement_of(net)[1], nn.BatchNorm2d)

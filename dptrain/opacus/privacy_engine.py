@@ -15,8 +15,10 @@ from typing import IO, Any, BinaryIO, Union
 import torch
 from torch import nn
 
+from dptrain.errors import ConfigError
 from dptrain.opacus._warn import changed
 from dptrain.opacus.accountants import create_accountant
+from dptrain.opacus.accountants.utils import get_noise_multiplier
 from dptrain.opacus.validators import ModuleValidator
 from dptrain.privacy import engine as core
 
@@ -50,6 +52,18 @@ def _grad_sample_mode(mode: str) -> str:
         changed(f"grad_sample_mode={mode!r} runs as 'hooks' (the same per-sample gradients); "
                 "pass grad_sample_mode='hooks' to silence this.")
     return _GRAD_SAMPLE_MODES[mode]
+
+
+def _check_same_parameters(module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Opacus's check, with its wording: every parameter the optimizer updates is one of
+    `module`'s (not a copy, as after ModuleValidator.fix once the optimizer was built)."""
+    own = {id(p) for p in module.parameters()}
+    if any(id(p) not in own for group in optimizer.param_groups for p in group["params"]):
+        raise ConfigError(
+            "Module parameters are different than optimizer Parameters: the optimizer updates "
+            "tensors that are not the module's (was the model replaced, e.g. by "
+            "ModuleValidator.fix(model), after the optimizer was built?). Build the optimizer "
+            "from the module passed to make_private: optimizer = SGD(model.parameters(), ...).")
 
 
 def _adaptive_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -100,6 +114,7 @@ class PrivacyEngine(core.PrivacyEngine):
                      grad_sample_mode: str = "hooks", **kwargs: Any) -> tuple:
         """Opacus's make_private: (module, optimizer, data_loader), and with
         grad_sample_mode="ghost" (module, optimizer, criterion, data_loader)."""
+        _check_same_parameters(module, optimizer)
         arguments = self._arguments(poisson_sampling, grad_sample_mode, kwargs)
         if noise_generator is None and not self.secure_mode and "plan" not in kwargs:
             changed("the noise is drawn from OS entropy, not torch's global RNG: torch.manual_seed "
@@ -123,16 +138,36 @@ class PrivacyEngine(core.PrivacyEngine):
                                   max_grad_norm: float | list[float],
                                   poisson_sampling: bool = True, grad_sample_mode: str = "hooks",
                                   epsilon_tolerance: float = 0.01, **kwargs: Any) -> tuple:
-        """Opacus's make_private_with_epsilon (the four values with grad_sample_mode="ghost")."""
-        arguments = self._arguments(poisson_sampling, grad_sample_mode, kwargs)
-        model, dp_optimizer, loader = super().make_private_with_epsilon(
-            module=module, optimizer=optimizer, data_loader=data_loader,
-            target_epsilon=target_epsilon, target_delta=target_delta, epochs=epochs,
-            max_grad_norm=max_grad_norm, epsilon_tolerance=epsilon_tolerance, **arguments)
-        if grad_sample_mode != "ghost":
-            return model, dp_optimizer, loader
-        return model, dp_optimizer, DPLossFastGradientClipping(
-            model, dp_optimizer, criterion or nn.CrossEntropyLoss()), loader
+        """Opacus's make_private_with_epsilon (the four values with grad_sample_mode="ghost").
+
+        With Poisson sampling the noise multiplier is Opacus's: its bisection
+        (accountants.utils.get_noise_multiplier) over int(epochs / q) steps at the loader's q,
+        on this engine's accountant, then make_private. Otherwise (poisson_sampling=False is
+        accounted as a shuffle, which Opacus's search knows nothing of) dptrain's calibration
+        of the plan sets it."""
+        if not poisson_sampling or "privacy_unit" in kwargs:
+            arguments = self._arguments(poisson_sampling, grad_sample_mode, kwargs)
+            model, dp_optimizer, loader = super().make_private_with_epsilon(
+                module=module, optimizer=optimizer, data_loader=data_loader,
+                target_epsilon=target_epsilon, target_delta=target_delta, epochs=epochs,
+                max_grad_norm=max_grad_norm, epsilon_tolerance=epsilon_tolerance, **arguments)
+            if grad_sample_mode != "ghost":
+                return model, dp_optimizer, loader
+            return model, dp_optimizer, DPLossFastGradientClipping(
+                model, dp_optimizer, criterion or nn.CrossEntropyLoss()), loader
+        if len(self.accountant) > 0:
+            changed("make_private_with_epsilon with privacy budget already spent: the noise "
+                    "multiplier assumes zero starting point, so the overall epsilon will be "
+                    "higher than target_epsilon.")
+        sigma = get_noise_multiplier(
+            target_epsilon=target_epsilon, target_delta=target_delta,
+            sample_rate=self.plan_of(data_loader, noise_multiplier=1.0).selection.sample_rate,
+            epochs=epochs, accountant=self.accountant.mechanism(),
+            epsilon_tolerance=epsilon_tolerance)
+        return self.make_private(module=module, optimizer=optimizer, criterion=criterion,
+                                 data_loader=data_loader, noise_multiplier=sigma,
+                                 max_grad_norm=max_grad_norm, grad_sample_mode=grad_sample_mode,
+                                 poisson_sampling=True, **kwargs)
 
     @classmethod
     def get_compatible_module(cls, module: nn.Module) -> nn.Module:

@@ -6,322 +6,333 @@ docs/migrating-from-opacus.md); they are deselected, neither run nor counted as 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest.importorskip("opacus", reason="the compatibility tests compare against opacus>=1.5")
 
-# test id (file::Class::test[case]) -> why it is left out
+# Why a ported test is left out, one reason per kind (each was checked by running the test)
+PRV_NUMERICS = (
+    "asserts Opacus's PRV epsilon to 7 places: dptrain's PRV accountant (its own discretisation "
+    "of the privacy loss distribution) gives 6.77835 where Opacus gives 6.77740, 1.4e-4 apart "
+    "relatively, inside the eps_error=0.01 that both guarantee")
+GLOBAL_SEED = (
+    "expects torch.manual_seed to repeat the run: dptrain.opacus draws the noise and the "
+    "Poisson / shuffle sampling from OS entropy, not torch's global RNG (reproducible only on "
+    "request: noise_generator=, or dptrain.PrivacyEngine(seed=..., reproducible_mechanism=True))")
+LOADER_GENERATOR = (
+    "expects the sampling to follow the generator of the original DataLoader "
+    "(DataLoader(generator=g)): dptrain's Poisson and shuffle samplers do not take it (they draw "
+    "from OS entropy unless dptrain.PrivacyEngine(seed=..., reproducible_mechanism=True)), so "
+    "the two runs see different batches")
+SWITCH_GENERATOR = (
+    "tests opacus.data_loader.switch_generator, an Opacus helper that dptrain.opacus does not "
+    "provide (dptrain's loaders take their generator when built)")
+COLLATE_INTERNALS = (
+    "tests CollateFnWithEmpty / wrap_collate_with_empty, internals of Opacus's DPDataLoader "
+    "collation that dptrain.opacus does not provide (dptrain's loader builds empty batches itself)")
+OPACUS_DRAWS = (
+    "expects Opacus's Poisson draws for generator seed 0 (a non-empty first batch): dptrain's "
+    "sampler draws its own sequence from the same seed, whose first batch is empty")
+EMPTY_FIRST_BATCH_LOG = (
+    "expects Opacus's Poisson draws for generator seed 0 (an empty first batch) and its warning "
+    "'First batch is empty' on the logger opacus.data_loader: dptrain draws its own sequence "
+    "and logs nothing there")
+GRAD_SAMPLE_LIST = (
+    "expects p.grad_sample after 8 backward passes to be a list of 8 tensors: dptrain's "
+    "GradSampleModule keeps one tensor of all the passes' rows")
+ACCUMULATION_REFUSED_AT_STEP = (
+    "expects a backward on a second Poisson batch without step() to raise at once: dptrain "
+    "refuses it at optimizer.step() (PrivacyError: two logical batches in one step); the test "
+    "never steps")
+ACCUMULATED_ITERATIONS = (
+    "accumulates 8 batches into one step (Opacus's optimizer.accumulated_iterations / "
+    "grad_samples): dptrain refuses a step that releases several batches of the private loader "
+    "(use BatchMemoryManager to split one logical batch)")
+NO_ZERO_GRAD_NEEDED = (
+    "expects a loop without optimizer.zero_grad() to raise: dptrain's step frees the per-sample "
+    "gradients and overwrites p.grad, so each step uses its own batch only and the loop trains "
+    "correctly")
+FROZEN_BATCHNORM = (
+    "expects a BatchNorm without trainable parameters to be valid: dptrain refuses every "
+    "BatchNorm, frozen too (its running statistics are computed from private data and saved "
+    "without noise)")
+SHUFFLE_BATCHES = (
+    "compares a poisson_sampling=False private run with a run over the original loader: "
+    "dptrain.opacus trains it on dptrain's shuffle loader (a fresh permutation, accounted "
+    "without amplification), whose batches are not the original loader's (the test passes when "
+    "the original loader is kept)")
+SUMMED_GRAD_AFTER_STEP = (
+    "reads p.summed_grad after optimizer.step(): dptrain clears the noise-free clipped sum at "
+    "the end of the step (left on the parameters, torch.save(model) would release it); Opacus "
+    "keeps it until zero_grad()")
+GRAD_SAMPLE_AFTER_STEP = (
+    "reads p.grad_sample after optimizer.step(): dptrain frees the per-sample gradients once "
+    "they are clipped into the sum")
+SEQUENCE_FIRST = (
+    "makes the sequence-first SampleAttnNet private with batch_first=True "
+    "(make_private_with_epsilon's default): Opacus then takes the sequence dimension for the "
+    "batch; dptrain refuses (ConfigError naming the DPMultiheadAttention with batch_first=False)")
+NOISE_TOLERANCE = (
+    "asserts the squared norm of fresh noise within 15 % of its mean, which for a small model is "
+    "a few standard deviations of its chi-square (1.35 for the custom-layer model's 160 "
+    "parameters, 3.3 for the tied-weights model's 972, 3.5 for the attention model's 1,097): "
+    "over hypothesis's draws it fails now and then with dptrain's fresh noise (seen: tied "
+    "weights, 0.1073 off where 0.1068 is allowed), while Opacus passes with the noise of "
+    "torch.manual_seed(100). The ConvNet models (13,042 parameters, 15 % is 12 standard "
+    "deviations) keep the check; measured noise variance per step: 0.98 of sigma^2 C^2 / B^2")
+
+# test id (file::Class::test) -> why it is left out
 LEFT_OUT: dict[str, str] = {
-    "test_opacus_accountants.py::AccountingTest::test_get_noise_multiplier_gdp":
-        "AssertionError: 1.3233756255477815 != 1.3232421875 within 7 places (0.00013343804778154222 difference)",
-    "test_opacus_accountants.py::AccountingTest::test_get_noise_multiplier_prv_epochs":
-        "AssertionError: 1.3477509646811896 != 1.34765625 within 4 places (9.471468118960047e-05 difference)",
-    "test_opacus_accountants.py::AccountingTest::test_get_noise_multiplier_prv_steps":
-        "AssertionError: 1.2916966763215718 != 1.2915 within 4 places (0.00019667632157172044 difference)",
-    "test_opacus_accountants.py::AccountingTest::test_get_noise_multiplier_rdp_epochs":
-        "AssertionError: 1.4163550182843463 != 1.416 within 4 places (0.0003550182843463645 difference)",
-    "test_opacus_accountants.py::AccountingTest::test_get_noise_multiplier_rdp_steps":
-        "AssertionError: 1.3568557406244832 != 1.3562 within 4 places (0.0006557406244831476 difference)",
     "test_opacus_accountants.py::AccountingTest::test_prv_accountant":
-        "AssertionError: 6.778345554538991 != 6.777395712150674 within 7 places (0.0009498423883167462 difference)",
-    "test_opacus_batch_memory_manager.py::BatchMemoryManagerTest::test_basic":
-        "AssertionError: 32 != 64",
+        PRV_NUMERICS,
     "test_opacus_batch_memory_manager.py::BatchMemoryManagerTest::test_equivalent_to_one_batch":
-        "AssertionError: False is not true",
-    "test_opacus_batch_memory_manager.py::BatchMemoryManagerTestWithExpandedWeights::test_basic":
-        "AssertionError: 32 != 64",
+        GLOBAL_SEED,
     "test_opacus_batch_memory_manager.py::BatchMemoryManagerTestWithExpandedWeights::test_equivalent_to_one_batch":
-        "AssertionError: False is not true",
-    "test_opacus_batch_memory_manager.py::BatchMemoryManagerTestWithFunctorch::test_basic":
-        "AssertionError: 32 != 64",
+        GLOBAL_SEED,
     "test_opacus_batch_memory_manager.py::BatchMemoryManagerTestWithFunctorch::test_equivalent_to_one_batch":
-        "AssertionError: False is not true",
-    "test_opacus_dp_layers_dp_rnn.py::DPLSTM_test::test_rnn":
-        "...",
+        GLOBAL_SEED,
     "test_opacus_dpdataloader.py::CollateFnWithEmptyTest::test_batch_first_false":
-        "NameError: name 'CollateFnWithEmpty' is not defined",
+        COLLATE_INTERNALS,
     "test_opacus_dpdataloader.py::CollateFnWithEmptyTest::test_dict_structure_preserved":
-        "NameError: name 'CollateFnWithEmpty' is not defined",
+        COLLATE_INTERNALS,
     "test_opacus_dpdataloader.py::CollateFnWithEmptyTest::test_empty_batch_before_first_returns_zero_tensors":
-        "fails",
+        COLLATE_INTERNALS,
     "test_opacus_dpdataloader.py::CollateFnWithEmptyTest::test_empty_first_batch_shapes_match_dataset":
-        "NameError: name 'CollateFnWithEmpty' is not defined",
+        COLLATE_INTERNALS,
     "test_opacus_dpdataloader.py::CollateFnWithEmptyTest::test_empty_first_batch_then_normal_batches":
-        "NameError: name 'CollateFnWithEmpty' is not defined",
+        COLLATE_INTERNALS,
     "test_opacus_dpdataloader.py::CollateFnWithEmptyTest::test_empty_first_batch_without_shapes_returns_empty_list":
-        "fails",
+        COLLATE_INTERNALS,
     "test_opacus_dpdataloader.py::CollateFnWithEmptyTest::test_multiple_empty_batches":
-        "NameError: name 'CollateFnWithEmpty' is not defined",
+        COLLATE_INTERNALS,
     "test_opacus_dpdataloader.py::CollateFnWithEmptyTest::test_nested_list_structure":
-        "NameError: name 'CollateFnWithEmpty' is not defined",
+        COLLATE_INTERNALS,
     "test_opacus_dpdataloader.py::CollateFnWithEmptyTest::test_no_collator_fn":
-        "NameError: name 'CollateFnWithEmpty' is not defined",
+        COLLATE_INTERNALS,
     "test_opacus_dpdataloader.py::CollateFnWithEmptyTest::test_rand_on_empty_true":
-        "NameError: name 'CollateFnWithEmpty' is not defined",
+        COLLATE_INTERNALS,
     "test_opacus_dpdataloader.py::CollateFnWithEmptyTest::test_simple_tensor_empty_batch":
-        "NameError: name 'CollateFnWithEmpty' is not defined",
+        COLLATE_INTERNALS,
     "test_opacus_dpdataloader.py::CollateFnWithEmptyTest::test_simple_tensor_non_empty":
-        "NameError: name 'CollateFnWithEmpty' is not defined",
+        COLLATE_INTERNALS,
     "test_opacus_dpdataloader.py::CollateFnWithEmptyTest::test_tuple_preservation":
-        "NameError: name 'CollateFnWithEmpty' is not defined",
+        COLLATE_INTERNALS,
     "test_opacus_dpdataloader.py::CollateFnWithEmptyTest::test_unsupported_type_raises_error":
-        "NameError: name 'CollateFnWithEmpty' is not defined",
+        COLLATE_INTERNALS,
     "test_opacus_dpdataloader.py::CollateFnWithEmptyTest::test_wrap_collate_with_empty_function":
-        "NameError: name 'wrap_collate_with_empty' is not defined",
+        COLLATE_INTERNALS,
     "test_opacus_dpdataloader.py::DPDataLoaderEmptyFirstBatchTest::test_empty_first_batch_with_dp_dataloader":
-        "fails",
+        EMPTY_FIRST_BATCH_LOG,
     "test_opacus_dpdataloader.py::DPDataLoaderTest::test_collate_classes":
-        "AssertionError: 0 not greater than 0 : First batch must be non-empty",
+        OPACUS_DRAWS,
     "test_opacus_dpdataloader.py::DPDataLoaderTest::test_collate_tensor":
-        "AssertionError: 0 not greater than 0 : First batch must be non-empty",
+        OPACUS_DRAWS,
     "test_opacus_gradient_accumulation.py::GradientAccumulationTest::test_grad_sample_accumulation":
-        "AssertionError: False is not true",
+        GRAD_SAMPLE_LIST,
     "test_opacus_gradient_accumulation.py::GradientAccumulationTest::test_privacy_engine_no_poisson_accumulation":
-        "AttributeError: 'DPOptimizer' object has no attribute 'accumulated_iterations'",
+        ACCUMULATED_ITERATIONS,
     "test_opacus_gradient_accumulation.py::GradientAccumulationTest::test_privacy_engine_poisson_accumulation":
-        "AssertionError: ValueError not raised",
+        ACCUMULATION_REFUSED_AT_STEP,
     "test_opacus_gradient_accumulation.py::GradientAccumulationTest::test_privacy_engine_zero_grad":
-        "AssertionError: ValueError not raised",
+        NO_ZERO_GRAD_NEEDED,
     "test_opacus_gradient_accumulation.py::GradientAccumulationTestFunctorch::test_grad_sample_accumulation":
-        "AssertionError: False is not true",
+        GRAD_SAMPLE_LIST,
     "test_opacus_gradient_accumulation.py::GradientAccumulationTestFunctorch::test_privacy_engine_no_poisson_accumulation":
-        "fails",
+        ACCUMULATED_ITERATIONS,
     "test_opacus_gradient_accumulation.py::GradientAccumulationTestFunctorch::test_privacy_engine_poisson_accumulation":
-        "fails",
+        ACCUMULATION_REFUSED_AT_STEP,
     "test_opacus_gradient_accumulation.py::GradientAccumulationTestFunctorch::test_privacy_engine_zero_grad":
-        "AssertionError: ValueError not raised",
-    "test_opacus_module_validator.py::ModuleValidator_test::test_fix":
-        "AssertionError: 0 not greater than 0",
+        NO_ZERO_GRAD_NEEDED,
     "test_opacus_module_validator.py::ModuleValidator_test::test_is_valid_non_learnable_bn":
-        "AssertionError: False is not true",
+        FROZEN_BATCHNORM,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_compare_to_vanilla":
-        "AssertionError: False != True : Unexpected private/vanilla weight match (conv2.weight).Should be: True",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_deterministic_run":
-        "AssertionError: False is not true : Model parameters after deterministic run must match",
+        GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_flat_clipping":
-        "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
+        SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_per_layer_clipping":
-        "AssertionError: 0.04587621986865997 != 0.5967262387275696 within 3 places (0.5508500188589096 difference)",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_sample_grad_aggregation":
-        "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
+        GRAD_SAMPLE_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_compare_to_vanilla":
-        "AssertionError: False != True : Unexpected private/vanilla weight match (conv2.weight).Should be: True",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_deterministic_run":
-        "AssertionError: False is not true : Model parameters after deterministic run must match",
+        GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_flat_clipping":
-        "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
+        SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_per_layer_clipping":
-        "AssertionError: 0.04587621986865997 != 0.16665862500667572 within 3 places (0.12078240513801575 difference)",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_sample_grad_aggregation":
-        "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
+        GRAD_SAMPLE_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_compare_to_vanilla":
-        "AssertionError: False != True : Unexpected private/vanilla weight match (conv2.weight).Should be: True",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_deterministic_run":
-        "AssertionError: False is not true : Model parameters after deterministic run must match",
+        GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_flat_clipping":
-        "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
+        SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_per_layer_clipping":
-        "AssertionError: 0.04587621986865997 != 0.1557769924402237 within 3 places (0.10990077257156372 difference)",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_sample_grad_aggregation":
-        "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_validator_weight_update_check":
-        "fails",
+        GRAD_SAMPLE_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_compare_to_vanilla":
-        "AssertionError: False != True : Unexpected private/vanilla weight match (conv1.weight).Should be: True",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_deterministic_run":
-        "AssertionError: False is not true : Model parameters after deterministic run must match",
+        GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_flat_clipping":
-        "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
+        SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_per_layer_clipping":
-        "AssertionError: 0.10002968460321426 != 0.9999989867210388 within 3 places (0.8999693021178246 difference)",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_sample_grad_aggregation":
-        "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
+        GRAD_SAMPLE_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_compare_to_vanilla":
-        "AssertionError: False != True : Unexpected private/vanilla weight match (conv1.weight).Should be: True",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_deterministic_run":
-        "AssertionError: False is not true : Model parameters after deterministic run must match",
+        GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_flat_clipping":
-        "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
+        SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_per_layer_clipping":
-        "AssertionError: 0.10002968460321426 != 0.69191575050354 within 3 places (0.5918860659003258 difference)",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_sample_grad_aggregation":
-        "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
+        GRAD_SAMPLE_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestExpandedWeights::test_compare_to_vanilla":
-        "AssertionError: False != True : Unexpected private/vanilla weight match (conv1.weight).Should be: True",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestExpandedWeights::test_deterministic_run":
-        "AssertionError: False is not true : Model parameters after deterministic run must match",
+        GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestExpandedWeights::test_flat_clipping":
-        "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestExpandedWeights::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
+        SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestExpandedWeights::test_per_layer_clipping":
-        "AssertionError: 0.10002968460321426 != 0.9009780287742615 within 3 places (0.8009483441710472 difference)",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestExpandedWeights::test_validator_weight_update_check":
-        "fails",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_compare_to_vanilla":
-        "AssertionError: False != True : Unexpected private/vanilla weight match (conv1.weight).Should be: True",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_deterministic_run":
-        "AssertionError: False is not true : Model parameters after deterministic run must match",
+        GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_flat_clipping":
-        "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
+        SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_per_layer_clipping":
-        "AssertionError: 0.10002968460321426 != 0.9999990463256836 within 3 places (0.8999693617224693 difference)",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_sample_grad_aggregation":
-        "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
+        GRAD_SAMPLE_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_compare_to_vanilla":
-        "AssertionError: False != True : Unexpected private/vanilla weight match (extra_param).Should be: True",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_deterministic_run":
-        "AssertionError: False is not true : Model parameters after deterministic run must match",
+        GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_flat_clipping":
-        "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
+        SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_noise_level":
-        "fails",
+        NOISE_TOLERANCE,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_per_layer_clipping":
-        "AssertionError: 0.9742952585220337 != 0.9999990463256836 within 3 places (0.025703787803649902 difference)",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_sample_grad_aggregation":
-        "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
+        GRAD_SAMPLE_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_compare_to_vanilla":
-        "AssertionError: False != True : Unexpected private/vanilla weight match (extra_param).Should be: True",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_deterministic_run":
-        "AssertionError: False is not true : Model parameters after deterministic run must match",
+        GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_flat_clipping":
-        "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
+        SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_noise_level":
-        "AssertionError: 0.11152612417936325 != 0.1333405387387957 within 0.020001080810819354 delta (0.021814414559432",
+        NOISE_TOLERANCE,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_per_layer_clipping":
-        "AssertionError: 0.9742952585220337 != 0.9999991059303284 within 3 places (0.025703847408294678 difference)",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_sample_grad_aggregation":
-        "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
+        GRAD_SAMPLE_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_compare_to_vanilla":
-        "AssertionError: False != True : Unexpected private/vanilla weight match (emb.weight).Should be: True",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_deterministic_run":
-        "AssertionError: False is not true : Model parameters after deterministic run must match",
+        GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_flat_clipping":
-        "AttributeError: 'NoneType' object has no attribute 'reshape'",
+        SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_make_private_with_epsilon":
-        "dptrain.errors.ConfigError: Submodule 'attn' (DPMultiheadAttention) has batch_first=False, but GradSampleModul",
+        SEQUENCE_FIRST,
     "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_per_layer_clipping":
-        "AssertionError: 1.0 != 0.8359321355819702 within 3 places (0.16406786441802979 difference)",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_sample_grad_aggregation":
-        "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
+        GRAD_SAMPLE_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_compare_to_vanilla":
-        "AssertionError: False != True : Unexpected private/vanilla weight match (emb.weight).Should be: True",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_deterministic_run":
-        "AssertionError: False is not true : Model parameters after deterministic run must match",
+        GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_flat_clipping":
-        "AttributeError: 'NoneType' object has no attribute 'reshape'",
+        SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_make_private_with_epsilon":
-        "dptrain.errors.ConfigError: Submodule 'attn' (DPMultiheadAttention) has batch_first=False, but GradSampleModul",
+        SEQUENCE_FIRST,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_per_layer_clipping":
-        "AssertionError: 0.17650216817855835 != 0.15268287062644958 within 3 places (0.023819297552108765 difference)",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_sample_grad_aggregation":
-        "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
+        GRAD_SAMPLE_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_compare_to_vanilla":
-        "AssertionError: False != True : Unexpected private/vanilla weight match (emb.weight).Should be: True",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_deterministic_run":
-        "AssertionError: False is not true : Model parameters after deterministic run must match",
+        GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_flat_clipping":
-        "AttributeError: 'NoneType' object has no attribute 'reshape'",
+        SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_make_private_with_epsilon":
-        "dptrain.errors.ConfigError: Submodule 'attn' (DPMultiheadAttention) has batch_first=False, but GradSampleModul",
+        SEQUENCE_FIRST,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_per_layer_clipping":
-        "AssertionError: 1.0 != 0.8831639289855957 within 3 places (0.1168360710144043 difference)",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_sample_grad_aggregation":
-        "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
+        GRAD_SAMPLE_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_compare_to_vanilla":
-        "AssertionError: False != True : Unexpected private/vanilla weight match (emb.weight).Should be: True",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_deterministic_run":
-        "AssertionError: False is not true : Model parameters after deterministic run must match",
+        GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_flat_clipping":
-        "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
+        SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_sample_grad_aggregation":
-        "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
+        GRAD_SAMPLE_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_compare_to_vanilla":
-        "AssertionError: False != True : Unexpected private/vanilla weight match (emb.weight).Should be: True",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_deterministic_run":
-        "AssertionError: False is not true : Model parameters after deterministic run must match",
+        GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_flat_clipping":
-        "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
+        SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_sample_grad_aggregation":
-        "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
+        GRAD_SAMPLE_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_compare_to_vanilla":
-        "AssertionError: False != True : Unexpected private/vanilla weight match (emb.weight).Should be: True",
+        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_deterministic_run":
-        "AssertionError: False is not true : Model parameters after deterministic run must match",
+        GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_flat_clipping":
-        "AttributeError: 'NoneType' object has no attribute 'reshape'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_make_private_with_epsilon":
-        "AssertionError: 2.0 != 1.9934699587679205 within 2 places (0.006530041232079453 difference)",
+        SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_sample_grad_aggregation":
-        "AttributeError: 'NoneType' object has no attribute 'sum'",
-    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_validator_weight_update_check":
-        "AssertionError: 'Module parameters are different than optimizer Parameters' does not match 'optimizer's parame",
+        GRAD_SAMPLE_AFTER_STEP,
+    "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_noise_level":
+        NOISE_TOLERANCE,
+    "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_noise_level":
+        NOISE_TOLERANCE,
+    "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_noise_level":
+        NOISE_TOLERANCE,
+    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_noise_level":
+        NOISE_TOLERANCE,
+    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_noise_level":
+        NOISE_TOLERANCE,
+    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_noise_level":
+        NOISE_TOLERANCE,
     "test_opacus_randomness.py::DataLoaderRandomnessTest::test_global_seed":
-        "RuntimeError: The size of tensor a (75) must match the size of tensor b (71) at non-singleton dimension 0",
+        GLOBAL_SEED,
     "test_opacus_randomness.py::DataLoaderRandomnessTest::test_original_generator":
-        "RuntimeError: The size of tensor a (88) must match the size of tensor b (91) at non-singleton dimension 0",
+        LOADER_GENERATOR,
     "test_opacus_randomness.py::DataLoaderSwitchRandomnessTest::test_basic_switch":
-        "NameError: name 'switch_generator' is not defined",
+        SWITCH_GENERATOR,
     "test_opacus_randomness.py::DataLoaderSwitchRandomnessTest::test_raise_sequential":
-        "NameError: name 'switch_generator' is not defined",
+        SWITCH_GENERATOR,
     "test_opacus_randomness.py::DataLoaderSwitchRandomnessTest::test_switch_same_seed":
-        "NameError: name 'switch_generator' is not defined",
+        SWITCH_GENERATOR,
     "test_opacus_randomness.py::OptimizerRandomnessTest::test_global_seed":
-        "noise comes from OS entropy unless a generator is given: torch.manual_seed does not repeat it",
+        GLOBAL_SEED,
     "test_opacus_randomness.py::PrivacyEngineSecureModeTest::test_custom_and_global_seed":
-        "AssertionError: False is not true",
+        LOADER_GENERATOR,
     "test_opacus_randomness.py::PrivacyEngineSecureModeTest::test_data_seed_consistency":
-        "AssertionError: False is not true",
+        LOADER_GENERATOR,
     "test_opacus_randomness.py::PrivacyEngineSecureModeTest::test_dl_seed_no_noise":
-        "AssertionError: False is not true",
+        LOADER_GENERATOR,
     "test_opacus_randomness.py::PrivacyEngineSecureModeTest::test_global_seed":
-        "AssertionError: False is not true",
+        GLOBAL_SEED,
     "test_opacus_randomness.py::PrivacyEngineSecureModeTest::test_seed":
-        "AssertionError: False is not true",
+        LOADER_GENERATOR,
 }
 
 
@@ -331,10 +342,19 @@ SLOW_FILES = ("test_opacus_accountants.py", "test_opacus_dp_layers_dp_rnn.py",
               "test_opacus_randomness.py")
 
 
+# single tests over ~20 s (hypothesis draws many examples) in files that are otherwise fast
+SLOW_TESTS = ("test_opacus_batch_memory_manager.py::BatchMemoryManagerTest::test_basic",
+              "test_opacus_batch_memory_manager.py::BatchMemoryManagerTestWithExpandedWeights::"
+              "test_basic",
+              "test_opacus_batch_memory_manager.py::BatchMemoryManagerTestWithFunctorch::test_basic")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.name in SLOW_FILES:
+        if item.path.name in SLOW_FILES or item.nodeid.split("compat/", 1)[-1] in SLOW_TESTS:
             item.add_marker(pytest.mark.slow)
+    if os.environ.get("DPTRAIN_COMPAT_RUN_LEFT_OUT"):
+        return  # diagnosing: run the left-out tests too
     left_out = [item for item in items if item.nodeid.split("compat/", 1)[-1] in LEFT_OUT]
     if left_out:
         config.hook.pytest_deselected(items=left_out)

@@ -5,6 +5,7 @@ how it is replaced (dptrain also refuses a frozen BatchNorm: its running statist
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any, Callable
 
 from torch import nn
@@ -12,7 +13,8 @@ from torch import nn
 from dptrain.opacus.validators.errors import (IllegalModuleConfigurationError,
                                               ShouldReplaceModuleError, UnsupportedModuleError)
 from dptrain.validation import ModuleValidator as CoreValidator
-from dptrain.validation import _rule_for
+
+logger = logging.getLogger(__name__)
 
 _BATCHNORM = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 _INSTANCENORM = {1: nn.InstanceNorm1d, 2: nn.InstanceNorm2d, 3: nn.InstanceNorm3d}
@@ -22,19 +24,18 @@ _TYPES = (*_BATCHNORM, *_INSTANCENORM.values(), nn.LSTM, nn.GRU, nn.RNN, nn.LSTM
 
 def _validate(module: nn.Module) -> list[UnsupportedModuleError]:
     """dptrain's problem with `module` itself, as Opacus's error list."""
-    rule = _rule_for(module)
-    if rule is None:
+    problem = CoreValidator.problem_of(module)
+    if problem is None:
         return []
     # a module to configure differently (running stats off) vs one to replace (Opacus's kinds)
     kind = (IllegalModuleConfigurationError if isinstance(module, tuple(_INSTANCENORM.values()))
             else ShouldReplaceModuleError)
-    return [kind(f"{rule.problem(module)} Fix: {rule.fix}")]
+    return [kind(f"{problem.problem} Fix: {problem.fix}")]
 
 
 def _fix(module: nn.Module, **kwargs: Any) -> nn.Module:
     """dptrain's replacement of `module` (weights kept)."""
-    rule = _rule_for(module)
-    return module if rule is None else rule.replace(module)
+    return CoreValidator.replacement_of(module)
 
 
 def _fix_batchnorm(module: nn.Module, replace_bn_with_in: bool = False,
@@ -94,7 +95,9 @@ class ModuleValidator:
                 parent_name, _, child = name.rpartition(".")
                 parent = module.get_submodule(parent_name)
                 if getattr(parent, child, None) is sub:
-                    setattr(parent, child, cls.FIXERS[type(sub)](sub, **kwargs))
+                    new = cls.FIXERS[type(sub)](sub, **kwargs)
+                    setattr(parent, child, new)
+                    logger.info("Replaced sub_module %s : %s with %s", name, sub, new)
         return module
 
     @classmethod
