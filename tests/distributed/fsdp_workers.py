@@ -249,7 +249,21 @@ def errors_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
         fully_shard(model[0])  # the root's last layer stays a plain (replicated) parameter
         return make_private(model)
 
+    def padding_then_examples() -> str | None:
+        """The PrivacyError of real examples run while a padding pass is pending (None: none)."""
+        from dptrain.errors import PrivacyError
+
+        module, _, _ = make_private(_shard(mlp_problem()[0], no_units))
+        x, _ = mlp_problem()[1].tensors
+        module(x[:0]).sum().backward()  # a padding pass, its placeholder row still captured
+        try:
+            module(x[:2])               # real examples before the step: refused on every rank
+        except PrivacyError as error:
+            return str(error)
+        return None
+
     return {
+        "padding_then_examples": padding_then_examples(),
         "root_left_whole": error_of(root_left_whole),
         "non_poisson": error_of(lambda: make_private(_shard(mlp_problem()[0], no_units),
                                                      poisson_sampling=False,

@@ -216,6 +216,12 @@ def _run_worker(worker, folder) -> list[dict]:
     return results
 
 
+def test_examples_run_before_a_padding_pass_is_cleared_are_refused(errors):
+    for result in errors:
+        assert "per-sample gradients of a padding pass" in result["padding_then_examples"]
+        assert "optimizer.step()" in result["padding_then_examples"]
+
+
 def test_a_trainable_parameter_fsdp_does_not_manage_is_refused_naming_it(errors):
     for result in errors:
         assert "'2.weight' is not sharded by FSDP" in result["root_left_whole"]
