@@ -225,8 +225,7 @@ class ShardedPerSampleModule(nn.Module):
     def _refuse_mixed_rows(self, padding: bool) -> None:
         """PrivacyError when a pass would add its rows to per-sample state that holds the other
         kind (examples and placeholder rows): the placeholder could then not be told apart."""
-        pending = self._placeholder_rows > 0 if not padding else self._source.per_sample_batch_size() > 0
-        if pending:
+        if (self._source.per_sample_batch_size() if padding else self._placeholder_rows) > 0:
             raise PrivacyError(
                 "a forward pass of the sharded model started while the per-sample gradients of "
                 f"{'a padding pass (an empty batch)' if not padding else 'real examples'} were "
