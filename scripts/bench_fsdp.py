@@ -128,7 +128,8 @@ def _train(rank: int, world: int, args: argparse.Namespace, kind: str, private: 
             base = current_rss_bytes()
         start = time.perf_counter()
         optimizer.zero_grad()
-        _loss(module, x).backward()
+        if len(x) or (kind == "fsdp" and world > 1):  # FSDP's ranks run every pass, empty too
+            _loss(module, x).backward()
         optimizer.step()
         if step >= args.warmup:
             times.append(time.perf_counter() - start)

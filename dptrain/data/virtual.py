@@ -11,9 +11,11 @@ Each logical batch (e.g. a Poisson batch of any size) is split along dim 0 into 
 `max_physical_batch_size` rows. Before yielding a chunk the manager tells the optimizer whether
 the coming `step()` is a skipped one (`signal_skip_step`), so the noise is added once per logical
 batch and the accountant is stepped once. An empty logical batch is yielded as one empty chunk
-(its step still adds noise and is accounted). With a fully sharded model (FSDP) every rank gets as
-many chunks as the rank with the most (empty ones at the end): run the forward and backward of
-every chunk, empty ones included, since FSDP's parameter gathers need every rank. Memory: only one chunk's activations and
+(its step still adds noise and is accounted). With a model fully sharded (FSDP) over two or more
+ranks every rank gets as many chunks as the rank with the most (empty ones at the end): run the
+forward and backward of every chunk, empty ones included, since FSDP's parameter gathers need
+every rank (the module make_private returned runs an empty chunk on a placeholder row whose
+gradient it discards, dptrain.distributed.fsdp). Memory: only one chunk's activations and
 per-sample gradients exist at a time; the collated logical batch of inputs is held on the host.
 """
 
@@ -63,15 +65,27 @@ def split_batch(batch: Any, max_size: int) -> list[Any]:
     return [_slice(batch, i * max_size, min(size, (i + 1) * max_size), size) for i in range(count)]
 
 
+def pads_passes(optimizer: Any) -> bool:
+    """Whether the ranks must run as many forward/backward passes per step, empty ones
+    included: the optimizer of a model fully sharded over two or more ranks (its
+    `passes_on_every_rank`; FSDP gathers parameters in every pass, collectives). With one
+    process there is no other rank to keep in step: an empty chunk needs no pass."""
+    return (getattr(optimizer, "passes_on_every_rank", None) is not None
+            and getattr(optimizer, "world_size", 1) > 1)
+
+
+def is_empty(chunk: Any) -> bool:
+    """Whether `chunk` (a collated batch) has 0 rows."""
+    return _leading_size(chunk) == 0
+
+
 def in_lockstep(chunks: list[Any], optimizer: Any) -> list[Any]:
-    """`chunks`, followed by empty chunks up to the count of the rank with the most, when the
-    optimizer's model is fully sharded (its `passes_on_every_rank`, a collective: FSDP gathers
-    parameters in every pass, so every rank must run as many passes); else `chunks` as is."""
-    lockstep = getattr(optimizer, "passes_on_every_rank", None)
-    if lockstep is None:
+    """`chunks`, followed by empty chunks up to the count of the rank with the most, when
+    `pads_passes(optimizer)` (a collective); else `chunks` as is."""
+    if not pads_passes(optimizer):
         return chunks
     empty = _slice(chunks[-1], 0, 0, _leading_size(chunks[-1]) or 0)
-    return chunks + [empty] * (lockstep(len(chunks)) - len(chunks))
+    return chunks + [empty] * (optimizer.passes_on_every_rank(len(chunks)) - len(chunks))
 
 
 class _PhysicalBatches:

@@ -33,13 +33,22 @@ them and FSDP reduce-scatters them into `p.grad` as usual, which the DP step the
 wasted reduction: ghost mode is the one to use at scale).
 
 Every rank must run the same number of forward and backward passes per step (FSDP's gathers are
-collectives): run the forward on an empty Poisson shard too (it has batch size 0), and use the
-same physical batch split on every rank.
+collectives): with two or more ranks, a rank whose shard is empty, or has fewer physical chunks,
+runs padding passes (`dptrain.data.virtual.in_lockstep`). A model cannot always run a batch of
+0 rows (Hugging Face's attention reshapes by the batch size), so `ShardedPerSampleModule`
+runs an empty batch on a placeholder: one row of zeros in every batched input, its outputs cut
+back to 0 rows. The backward of a loss of those 0 rows sends zeros through every layer, so FSDP
+gathers and reduces exactly as on the other ranks (the same layers, the same parameters). The
+placeholder is no example: `per_sample_batch_size` reports 0 while its rows are captured, so
+the optimizer discards them unclipped (`DPOptimizer.clip_and_accumulate`'s empty case): nothing
+enters the clipped sum or adaptive clipping's unclipped count, and the accounting (q, and the
+public denominator q * N) never sees it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,7 +56,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from dptrain.errors import ConfigError
+from dptrain.errors import ConfigError, PrivacyError
+from dptrain.grad_sample.batch import pass_batch_size
 from dptrain.grad_sample.ghost import GhostClippingModule
 from dptrain.grad_sample.module import GradSampleModule
 from dptrain.randomness import derive_seeds, make_generator
@@ -194,9 +204,35 @@ class ShardedPerSampleModule(nn.Module):
         super().__init__()
         self._source = source
         object.__setattr__(self, "_shard_map", shards)
+        #: placeholder rows run since the per-sample state was last cleared (padding passes)
+        self._placeholder_rows = 0
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._source(*args, **kwargs)
+        """The model's forward; on an empty batch a padding pass: the model runs one placeholder
+        row (zeros) and the outputs are cut back to 0 rows (see the module docstring)."""
+        source = self._source
+        dim = 0 if source.batch_first else 1
+        empty = pass_batch_size(source._module, args, kwargs, source.batch_first).size == 0
+        if torch.is_grad_enabled():
+            self._refuse_mixed_rows(empty)
+        if not empty:
+            return source(*args, **kwargs)
+        args, kwargs = _rows_of_zeros((args, kwargs), dim)
+        if torch.is_grad_enabled():
+            self._placeholder_rows += 1
+        return _cut_to_no_rows(source(*args, **kwargs), dim)
+
+    def _refuse_mixed_rows(self, padding: bool) -> None:
+        """PrivacyError when a pass would add its rows to per-sample state that holds the other
+        kind (examples and placeholder rows): the placeholder could then not be told apart."""
+        if (self._source.per_sample_batch_size() if padding else self._placeholder_rows) > 0:
+            raise PrivacyError(
+                "a forward pass of the sharded model started while the per-sample gradients of "
+                f"{'a padding pass (an empty batch)' if not padding else 'real examples'} were "
+                "still pending. A padding pass runs a placeholder row whose gradient is "
+                "discarded, which needs it alone in the per-sample state: call optimizer.step() "
+                "(or optimizer.zero_grad()) after the backward of every batch or physical chunk, "
+                "as dptrain.BatchMemoryManager's loop does.")
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -219,7 +255,9 @@ class ShardedPerSampleModule(nn.Module):
         return [(n, p) for n, p in self._shard_map.sharded_named() if p.requires_grad]
 
     def per_sample_batch_size(self) -> int:
-        return self._source.per_sample_batch_size()
+        """The examples captured: 0 after a padding pass, whose placeholder row is no example
+        (the one place it is excluded: the optimizer then clears it without clipping it)."""
+        return 0 if self._placeholder_rows else self._source.per_sample_batch_size()
 
     def squared_norms(self) -> dict[nn.Parameter, Tensor]:
         shards = self._shard_map
@@ -233,6 +271,7 @@ class ShardedPerSampleModule(nn.Module):
 
     def clear_per_sample(self) -> None:
         self._source.clear_per_sample()
+        self._placeholder_rows = 0
 
     def check_complete(self) -> None:
         self._source.check_complete()
@@ -242,6 +281,45 @@ class ShardedPerSampleModule(nn.Module):
 
     def remove_hooks(self) -> None:
         self._source.remove_hooks()
+
+
+def _rows_of_zeros(value: Any, dim: int) -> Any:
+    """`value` (tensors in tuples, lists, dicts) with every tensor of size 0 at the batch
+    dimension `dim` replaced by one row of zeros there (same dtype and device): a placeholder
+    (token id 0, mask 0, feature 0); other leaves as they are."""
+    if isinstance(value, Tensor):
+        if value.dim() <= dim or value.shape[dim] != 0:
+            return value
+        shape = list(value.shape)
+        shape[dim] = 1
+        return torch.zeros(shape, dtype=value.dtype, device=value.device)
+    return _map_containers(value, lambda item: _rows_of_zeros(item, dim))
+
+
+def _cut_to_no_rows(value: Any, dim: int) -> Any:
+    """The outputs of a placeholder row as outputs of an empty batch: every tensor with one row
+    at `dim` cut to 0 rows there, a floating scalar (a loss the model computed) times 0. Both
+    stay in the graph, so a loss of them backpropagates zeros through every layer."""
+    if isinstance(value, Tensor):
+        if value.dim() > dim and value.shape[dim] == 1:
+            return value.narrow(dim, 0, 0)
+        return value * 0.0 if value.dim() == 0 and value.is_floating_point() else value
+    return _map_containers(value, lambda item: _cut_to_no_rows(item, dim))
+
+
+def _map_containers(value: Any, fn: Any) -> Any:
+    """`fn` applied to each item of a tuple (namedtuple), list or dict (a Hugging Face
+    ModelOutput keeps its class), the container rebuilt; any other value as it is."""
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(fn(item) for item in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(fn(item) for item in value)
+    if isinstance(value, dict):
+        mapped = copy.copy(value)
+        for key, item in value.items():
+            mapped[key] = fn(item)
+        return mapped
+    return value
 
 
 def sharded_source(model: nn.Module, grad_sample_mode: str, batch_first: bool,

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from dptrain.accounting.history import history_steps
+from dptrain.data.virtual import pads_passes
 from dptrain.errors import ConfigError, WriteError
 from dptrain.grad_sample.workspace import retain_freed_memory
 from dptrain.io import ensure_writable_dir
@@ -254,7 +255,7 @@ class Trainer:
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor, tally: Tally,
                           weight: float) -> None:
         if x.shape[0] == 0:  # empty Poisson batch: the optimizer step adds noise only
-            if getattr(self.job.optimizer, "passes_on_every_rank", None) is not None:
+            if pads_passes(self.job.optimizer):
                 self._empty_pass(x)  # a sharded model: the other ranks' passes need this one's
             return
         with autocast(self.job):
@@ -265,7 +266,8 @@ class Trainer:
 
     def _empty_pass(self, x: torch.Tensor) -> None:
         """Forward and backward of an empty batch (0 rows, zero gradients): a fully sharded
-        model gathers its parameters in every pass, collectives every rank must join."""
+        model gathers its parameters in every pass, collectives every rank must join (the
+        private module runs it on a placeholder row it discards, dptrain.distributed.fsdp)."""
         with autocast(self.job):
             out = self.job.model(x)
         (out.sum() * 0.0).backward()

@@ -158,6 +158,8 @@ def train_private(problem: Callable[[], tuple], sharded: bool, steps: int,
         grad_sample_mode=grad_sample_mode, clipping=clipping, count_noise_std=count_noise_std)
     noises: list[torch.Tensor] = []
     sum_dtypes: set[str] = set()
+    counts: list[float] = []  # adaptive clipping: each step's centred unclipped count (all ranks)
+    optimizer.attach_step_hook(lambda opt: counts.append(getattr(opt.clipper, "centred_count", 0.0)))
     optimizer.attach_step_hook(lambda opt: noises.append(torch.cat(
         [_local(p.grad - p.summed_grad / opt.expected_batch_size).flatten() for p in opt.params])))
     optimizer.attach_step_hook(lambda opt: sum_dtypes.update(str(p.summed_grad.dtype)
@@ -168,7 +170,8 @@ def train_private(problem: Callable[[], tuple], sharded: bool, steps: int,
                                 optimizer=optimizer) as chunks:
             for batch_ in chunks:
                 optimizer.zero_grad()
-                loss_fn(module, batch_).backward()  # every rank, even on an empty shard (FSDP)
+                if sharded or len(batch_[0]):  # every rank, even on an empty shard (FSDP)
+                    loss_fn(module, batch_).backward()
                 optimizer.step()
                 batches.append(len(batch_[0]))
                 if not optimizer._last_step_skipped:
@@ -178,13 +181,42 @@ def train_private(problem: Callable[[], tuple], sharded: bool, steps: int,
     return {"params": full_parameters(model), "history": list(engine.accountant.history),
             "noise": torch.stack(noises), "epsilon": engine.get_epsilon(1e-5),
             "sum_dtypes": sorted(sum_dtypes), "bound": optimizer.max_grad_norm,
-            "expected_batch_size": optimizer.expected_batch_size, "chunk_sizes": batches}
+            "expected_batch_size": optimizer.expected_batch_size, "chunk_sizes": batches,
+            "counts": counts}
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def one_rank_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
+    """Private steps (`private_step`, the training loop's) of a sharded MLP on one rank, batch by
+    batch of a Poisson loader with q = 1/40: each batch's size and the sizes of the chunks
+    `forward_backward` was called with."""
+    from dptrain.privacy.engine import PrivacyEngine
+    from dptrain.privacy.step import private_step
+
+    init_gloo(rank, world_size, port)
+    model, data, loss_fn = mlp_problem()
+    model = _shard(model, no_units)
+    engine = PrivacyEngine(accountant="rdp", seed=SEED)
+    module, optimizer, loader = engine.make_private(
+        module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(data, batch_size=1), noise_multiplier=1.0, max_grad_norm=1.0)
+    steps: list[dict[str, Any]] = []
+    for batch, _ in zip(loader, range(10)):
+        passes: list[int] = []
+
+        def forward_backward(chunk: Any) -> int:
+            passes.append(len(chunk[0]))
+            loss_fn(module, chunk).backward()
+            return len(chunk[0])
+
+        private_step(optimizer, batch, None, forward_backward)
+        steps.append({"batch": len(batch[0]), "passes": passes})
+    return {"steps": steps, "steps_taken": optimizer.steps_taken}
 
 
 def scenarios_worker(rank: int, world_size: int, port: int,
@@ -217,7 +249,21 @@ def errors_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
         fully_shard(model[0])  # the root's last layer stays a plain (replicated) parameter
         return make_private(model)
 
+    def padding_then_examples() -> str | None:
+        """The PrivacyError of real examples run while a padding pass is pending (None: none)."""
+        from dptrain.errors import PrivacyError
+
+        module, _, _ = make_private(_shard(mlp_problem()[0], no_units))
+        x, _ = mlp_problem()[1].tensors
+        module(x[:0]).sum().backward()  # a padding pass, its placeholder row still captured
+        try:
+            module(x[:2])               # real examples before the step: refused on every rank
+        except PrivacyError as error:
+            return str(error)
+        return None
+
     return {
+        "padding_then_examples": padding_then_examples(),
         "root_left_whole": error_of(root_left_whole),
         "non_poisson": error_of(lambda: make_private(_shard(mlp_problem()[0], no_units),
                                                      poisson_sampling=False,

@@ -43,6 +43,18 @@ HF = {
                             units=workers.bert_layers, lr=20.0),
     "bert_lora_ghost": dict(problem=workers.bert_lora_problem, steps=3, noise_multiplier=0.0,
                             units=workers.bert_layers, grad_sample_mode="ghost", lr=20.0),
+    # q = 1/20, one row per chunk: a rank's shard of 20 sequences is often empty, and the ranks'
+    # chunk counts differ (padding passes on the rank with fewer).
+    "gpt2_empty_shards_hooks": dict(problem=workers.gpt2_problem, steps=4, noise_multiplier=0.0,
+                                    units=workers.gpt2_blocks, batch=2, physical=1),
+    "gpt2_empty_shards_ghost": dict(problem=workers.gpt2_problem, steps=4, noise_multiplier=0.0,
+                                    units=workers.gpt2_blocks, batch=2, physical=1,
+                                    grad_sample_mode="ghost"),
+    # no noise at all (gradient or count): the bound follows the unclipped counts alone.
+    "gpt2_adaptive_empty_shards": dict(problem=workers.gpt2_problem, steps=4,
+                                       noise_multiplier=0.0, units=workers.gpt2_blocks, batch=2,
+                                       physical=1, clipping="adaptive", count_noise_std=0.0,
+                                       max_grad_norm=0.05),
 }
 
 
@@ -98,6 +110,42 @@ def test_with_noise_0_a_sharded_bert_with_lora_equals_one_process(hf_ranks, scen
     initial = workers.full_parameters(workers.bert_lora_problem()[0])
     assert (single["params"] - initial).abs().max() > 1e-3
     _assert_same_model(hf_ranks, single, scenario)
+
+
+def _has_padding_passes(ranks: list[dict], scenario: str) -> bool:
+    """Whether a rank ran a padding pass while the other ran a real one (its shard empty, or
+    fewer chunks than the other's): the ranks' passes are in step, one chunk each at a time."""
+    first, second = (r[scenario]["chunk_sizes"] for r in ranks)
+    return any((a == 0) != (b == 0) for a, b in zip(first, second))
+
+
+@pytest.mark.parametrize("scenario", ["gpt2_empty_shards_hooks", "gpt2_empty_shards_ghost"])
+def test_a_sharded_gpt2_whose_shard_is_empty_on_some_steps_equals_one_process(hf_ranks, scenario):
+    assert _has_padding_passes(hf_ranks, scenario)
+    single = _single(HF, scenario)
+    initial = workers.full_parameters(workers.gpt2_problem()[0])
+    assert (single["params"] - initial).abs().max() > 1e-4  # the steps moved the weights
+    _assert_same_model(hf_ranks, single, scenario)
+
+
+def test_padding_passes_leave_adaptive_clippings_unclipped_count_as_on_one_process(hf_ranks):
+    scenario = "gpt2_adaptive_empty_shards"
+    assert _has_padding_passes(hf_ranks, scenario)
+    single = _single(HF, scenario)
+    assert single["bound"] != 0.05  # the counts moved the bound
+    for result in hf_ranks:
+        assert result[scenario]["counts"] == single["counts"]
+        assert result[scenario]["bound"] == pytest.approx(single["bound"], rel=1e-12)
+
+
+def test_with_one_rank_an_empty_batch_runs_no_padding_pass(tmp_path):
+    (result,) = ddp_workers.run_ranks(workers.one_rank_worker, tmp_path, world_size=1,
+                                      timeout_s=120)
+    assert "crash" not in result, result.get("crash")
+    steps = result["steps"]
+    assert any(step["batch"] == 0 for step in steps) and result["steps_taken"] == len(steps)
+    for step in steps:
+        assert step["passes"] == ([step["batch"]] if step["batch"] else [])
 
 
 def test_virtual_batches_of_different_counts_per_rank_equal_the_single_process_run(mlp_ranks):
@@ -166,6 +214,12 @@ def _run_worker(worker, folder) -> list[dict]:
     for result in results:
         assert "crash" not in result, result.get("crash")
     return results
+
+
+def test_examples_run_before_a_padding_pass_is_cleared_are_refused(errors):
+    for result in errors:
+        assert "per-sample gradients of a padding pass" in result["padding_then_examples"]
+        assert "optimizer.step()" in result["padding_then_examples"]
 
 
 def test_a_trainable_parameter_fsdp_does_not_manage_is_refused_naming_it(errors):
