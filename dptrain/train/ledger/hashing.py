@@ -10,16 +10,20 @@ from typing import Any
 from dptrain.distributed.consistency import flatten
 from dptrain.io import json_safe
 
-# Config keys that may change between a run and its resume without changing what is trained.
+# Config keys left out of the config hash: they may change between a run and its resume without
+# changing what is trained. The set is part of the ledger format (verification recomputes the
+# recorded hash from the recorded config): adding a key here would break every older ledger.
+HASH_EXEMPT_KEYS = ("train.resume", "train.progress", "train.max_steps", "train.run_dir",
+                    "train.keep_checkpoints", "train.wait_for_lock", "hydra", "logger")
 # Where and on how many processes a run computes: a checkpoint holds whole states (the model and
 # optimizer gathered under FSDP), so a run may resume on another device or number of ranks
-# (hardware=cpu, ddp, fsdp). hardware.precision stays: it changes what is computed.
+# (hardware=cpu, ddp, fsdp). They are hashed, but a resume does not compare them.
+# hardware.precision is not among them: it changes what is computed.
 PROCESS_LAYOUT_KEYS = ("hardware.device", "hardware.num_workers", "hardware.distributed",
                        "hardware.sharded", "hardware.fsdp_units", "hardware.nproc_per_node",
                        "hardware.nodes", "hardware.backend", "hardware.timeout_s")
-RESUME_EXEMPT_KEYS = ("train.resume", "train.progress", "train.max_steps", "train.run_dir",
-                      "train.keep_checkpoints", "train.wait_for_lock", "hydra", "logger",
-                      *PROCESS_LAYOUT_KEYS)
+# Every key a resume may change.
+RESUME_EXEMPT_KEYS = (*HASH_EXEMPT_KEYS, *PROCESS_LAYOUT_KEYS)
 # Config keys renamed since a ledger or checkpoint was written: {old name: new name}. A resume
 # compares the recorded values under their new names. privacy.reproducible_noise=true seeded the
 # noise and the sampling from train.seed, as reproducible_mechanism=true does; =false seeded the
@@ -35,27 +39,30 @@ ADDED_KEYS: dict[str, Any] = {"privacy.sampling": None, "privacy.unit": "example
                               "lr_schedule.kind": "constant"}
 
 
-def _hashed_items(config: dict[str, Any]) -> dict[str, Any]:
-    """The flattened config without the keys that may change on resume (RESUME_EXEMPT_KEYS) and
-    the ADDED_KEYS at the value earlier runs had."""
+def _kept_items(config: dict[str, Any], exempt_keys: tuple[str, ...]) -> dict[str, Any]:
+    """The flattened config without `exempt_keys` (and the keys under them) and without the
+    ADDED_KEYS at the value earlier runs had."""
     def exempt(key: str, value: Any) -> bool:
-        return (any(key == k or key.startswith(k + ".") for k in RESUME_EXEMPT_KEYS)
+        return (any(key == k or key.startswith(k + ".") for k in exempt_keys)
                 or (key in ADDED_KEYS and ADDED_KEYS[key] == value))
 
     return {k: v for k, v in flatten(config).items() if not exempt(k, v)}
 
 
 def config_hash(config: dict[str, Any]) -> str:
-    """SHA-256 (hex) of the canonical JSON of the config, RESUME_EXEMPT_KEYS left out."""
-    canonical = json.dumps(json_safe(_hashed_items(config)), sort_keys=True, default=str)
+    """SHA-256 (hex) of the canonical JSON of the config, HASH_EXEMPT_KEYS left out."""
+    canonical = json.dumps(json_safe(_kept_items(config, HASH_EXEMPT_KEYS)), sort_keys=True,
+                           default=str)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Dotted keys whose values differ between two configs (hashed keys only; the old config's
-    RENAMED_KEYS under their new names, its missing ADDED_KEYS at their old meaning), sorted."""
-    a = {RENAMED_KEYS.get(k, k): v for k, v in json_safe(_hashed_items(old)).items()}
-    b = json_safe(_hashed_items(new))
+    """Dotted keys whose values differ between two configs (RESUME_EXEMPT_KEYS left out; the old
+    config's RENAMED_KEYS under their new names, its missing ADDED_KEYS at their old meaning),
+    sorted."""
+    a = {RENAMED_KEYS.get(k, k): v
+         for k, v in json_safe(_kept_items(old, RESUME_EXEMPT_KEYS)).items()}
+    b = json_safe(_kept_items(new, RESUME_EXEMPT_KEYS))
     a.update({k: v for k, v in ADDED_KEYS.items() if k not in a and k in b})
     return sorted(k for k in set(a) | set(b) if a.get(k, "<missing>") != b.get(k, "<missing>"))
 
