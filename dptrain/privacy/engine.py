@@ -47,6 +47,7 @@ from dptrain.checks import (
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import make_clipper
 from dptrain.privacy.distributed import DistributedDPOptimizer
+from dptrain.privacy.noise import NoiseStrategy, strategy_from_dict
 from dptrain.randomness import derive_seeds, make_generator
 from dptrain.privacy.optimizer import DPOptimizer
 from dptrain.privacy.plan import (  # noqa: F401  (GRAD_SAMPLE_MODES: re-exported, its old home)
@@ -67,7 +68,7 @@ _INTERFACE = ("per_sample_batch_size", "squared_norms", "weighted_sum", "clear_p
 ScheduleSpec = Schedule | Callable[[int], float] | dict[str, Any] | None
 # make_private's keyword arguments that describe the plan (the others say how it is computed).
 _PLAN_ARGUMENTS = ("max_grad_norm", "poisson_sampling", "sampling", "clipping", "privacy_unit",
-                   "max_examples_per_user",
+                   "max_examples_per_user", "noise_strategy",
                    "target_unclipped_quantile", "clipbound_learning_rate", "count_noise_std")
 
 
@@ -237,11 +238,13 @@ class PrivacyEngine:
                 count_noise_std: float | None = None, target_epsilon: float | None = None,
                 target_delta: float | None = None,
                 noise_generator: torch.Generator | None = None, privacy_unit: str = "example",
-                user_ids: Any = None, max_examples_per_user: int | None = None) -> PrivacyPlan:
+                user_ids: Any = None, max_examples_per_user: int | None = None,
+                noise_strategy: NoiseStrategy | None = None) -> PrivacyPlan:
         """The plan make_private's keyword arguments describe (q = the loader's batch_size / N,
         N the examples, or the users with privacy_unit="user"; `sampling` "poisson" |
         "shuffle"; poisson_sampling=False without it: the caller's own loader, accounted as
-        Poisson, no guarantee)."""
+        Poisson, no guarantee; `noise_strategy` a dptrain.privacy.noise strategy, None:
+        independent)."""
         unit = Unit(privacy_unit, max_examples_per_user=max_examples_per_user)
         _, rate = self._unit_rate(data_loader, unit, user_ids)
         if sampling is None:
@@ -256,7 +259,8 @@ class PrivacyEngine:
                               clipbound_learning_rate=clipbound_learning_rate,
                               count_noise_std=count_noise_std),
             noise=Noise(multiplier=sigma, target_epsilon=target_epsilon,
-                        schedule=schedule_spec(noise_schedule)),
+                        schedule=schedule_spec(noise_schedule),
+                        strategy=strategy_from_dict(noise_strategy)),
             accountant=self.accountant.name, delta=target_delta,
             randomness=self._planned_randomness(noise_generator), unit=unit)
 
@@ -271,7 +275,8 @@ class PrivacyEngine:
                      batch_first: bool = True, loss_reduction: str = "mean",
                      target_unclipped_quantile: float = 0.5, clipbound_learning_rate: float = 0.2,
                      count_noise_std: float | None = None, privacy_unit: str = "example",
-                     user_ids: Any = None, max_examples_per_user: int | None = None
+                     user_ids: Any = None, max_examples_per_user: int | None = None,
+                     noise_strategy: NoiseStrategy | None = None
                      ) -> tuple[Any, DPOptimizer, Any]:
         """The private (module, optimizer, data_loader) of `plan`; see docs/python-api.md.
 
@@ -283,8 +288,10 @@ class PrivacyEngine:
         dptrain.privacy.user_level): `user_ids` holds one user id per example of the loader's
         dataset; users are Poisson-sampled at q = batch_size / N_users, each contributes at most
         `max_examples_per_user` examples (None: all) and its mean gradient is clipped to
-        max_grad_norm. Raises PrivacyError / ConfigError naming the argument for any unusable
-        value.
+        max_grad_norm. `noise_strategy` (dptrain.privacy.noise; None: independent DP-SGD noise)
+        correlates the noise across steps; a combination the accountants cannot charge exactly
+        is refused (ConfigError). Raises PrivacyError / ConfigError naming the argument for any
+        unusable value.
         """
         if plan is None:
             if noise_multiplier is None:
@@ -297,7 +304,10 @@ class PrivacyEngine:
                 target_unclipped_quantile=target_unclipped_quantile,
                 clipbound_learning_rate=clipbound_learning_rate, count_noise_std=count_noise_std,
                 noise_generator=noise_generator, privacy_unit=privacy_unit, user_ids=user_ids,
-                max_examples_per_user=max_examples_per_user)
+                max_examples_per_user=max_examples_per_user, noise_strategy=noise_strategy)
+        elif noise_strategy is not None and strategy_from_dict(noise_strategy) != plan.noise.strategy:
+            raise ConfigError(f"noise_strategy={noise_strategy!r} differs from the plan's "
+                              f"{plan.noise.strategy!r}: give the strategy in the plan alone.")
         if performance is None:
             performance = PerformanceSettings(grad_sample_mode=grad_sample_mode)
         return self._build(plan, performance, module, optimizer, data_loader, noise_generator,
@@ -313,6 +323,7 @@ class PrivacyEngine:
         """The mechanism of `plan`: wrapped module, DP optimizer, private loader (`user_ids`:
         one user id per example, for a user-level plan)."""
         self._check_plan(plan, noise_generator)
+        plan.require_accounting()  # never charge a correlated-noise run as DP-SGD
         module, distributed = unwrap_ddp(module)  # a DDP model: its inner module
         users = user_level_request(plan.unit.kind, user_ids, plan.unit.max_examples_per_user,
                                    performance.grad_sample_mode, distributed)
@@ -353,7 +364,8 @@ class PrivacyEngine:
                 noise_generator=noise_generator or self.noise_generator,
                 secure_mode=self.secure_mode, noise_schedule=noise_sched,
                 sample_rate_schedule=rate_sched,
-                sample_rate_source=getattr(private_loader, "batch_sample_rate", None))
+                sample_rate_source=getattr(private_loader, "batch_sample_rate", None),
+                noise_strategy=plan.noise.strategy)
         except BaseException:
             if source is not module:  # a wrapper made here: leave the user's model as it was
                 source.remove_hooks()

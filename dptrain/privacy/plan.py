@@ -36,6 +36,8 @@ from dptrain.checks import (
 from dptrain.data.user_sampling import check_max_examples_per_user
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import CLIPPING_MODES
+from dptrain.privacy.noise import Independent, NoiseStrategy, check_compatible, strategy_from_dict
+from dptrain.privacy.noise.accounting import require_accounting
 from dptrain.privacy.user_level import PRIVACY_UNITS as UNITS
 
 # Who epsilon protects (UNITS): "example" (datasets differing in one training example) or
@@ -128,18 +130,22 @@ class Clipping:
 class Noise:
     """The Gaussian noise: `multiplier` sigma (std in units of C), or None until calibrated to
     `target_epsilon`; with a given sigma, `target_epsilon` is a budget cap (None: no cap).
-    `schedule` varies sigma by step (a given sigma only); `calibrated` says sigma was computed."""
+    `schedule` varies sigma by step (a given sigma only); `calibrated` says sigma was computed.
+    `strategy` correlates the noise across steps (dptrain.privacy.noise: Independent, the
+    default, is DP-SGD; Banded, Blt; a recorded dict is read back with its parameters)."""
 
     multiplier: float | None = None
     target_epsilon: float | None = None
     schedule: Mapping[str, Any] | None = None
     calibrated: bool = False
+    strategy: NoiseStrategy = field(default_factory=Independent)
 
     def __post_init__(self) -> None:
         if self.multiplier is None and self.target_epsilon is None:
             raise PrivacyError("the plan needs a noise multiplier or a target epsilon: pass "
                                "noise_multiplier=1.0 or target_epsilon=3.0 (privacy=sigma or "
                                "privacy=epsilon on the command line).")
+        object.__setattr__(self, "strategy", strategy_from_dict(self.strategy))
         if self.multiplier is not None:
             object.__setattr__(self, "multiplier", check_noise_multiplier(self.multiplier))
         if self.target_epsilon is not None:
@@ -192,6 +198,9 @@ class PrivacyPlan:
             raise ConfigError("clipping=adaptive needs sampling=poisson: its clipped count is "
                               "accounted as a Poisson-sampled query. Use clipping=flat or "
                               "per_layer with shuffled batches.")
+        check_compatible(self.noise.strategy, noise_schedule=self.noise.schedule is not None,
+                         rate_schedule=self.selection.schedule is not None,
+                         clipping=self.clipping.kind)
 
     # -- derived values ------------------------------------------------------------------------
     @property
@@ -230,7 +239,13 @@ class PrivacyPlan:
         for part in ("selection", "noise"):
             schedule = out[part]["schedule"]
             out[part]["schedule"] = None if schedule is None else dict(schedule)
+        out["noise"]["strategy"] = self.noise.strategy.to_dict()
         return out
+
+    def require_accounting(self) -> None:
+        """ConfigError unless the accountants charge this plan's noise strategy with its batch
+        selection exactly (dptrain.privacy.noise.accounting)."""
+        require_accounting(self.noise.strategy.name, self.selection.kind)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PrivacyPlan:
@@ -259,6 +274,7 @@ class PrivacyPlan:
 def calibrated(plan: PrivacyPlan, epochs: float, tolerance: float = 0.01) -> PrivacyPlan:
     """`plan` with the smallest sigma whose `epochs` epochs spend at most its target epsilon at
     its delta (the plan's accountant and selection); UnreachableEpsilonError when none does."""
+    plan.require_accounting()
     sigma = get_noise_multiplier(target_epsilon=plan.noise.target_epsilon,
                                  target_delta=plan.delta, sample_rate=plan.selection.sample_rate,
                                  epochs=epochs, accountant=plan.accountant,
