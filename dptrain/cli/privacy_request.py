@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from dptrain.accounting import ACCOUNTANTS
 from dptrain.checks import (
     BOOLEAN,
+    POSITIVE_INT,
     check_delta,
     check_epsilon,
     check_max_grad_norm,
@@ -29,6 +30,7 @@ from dptrain.cli.schema import EpsilonPrivacyConfig, SigmaPrivacyConfig
 from dptrain.data.user_sampling import check_max_examples_per_user
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import CLIPPING_MODES
+from dptrain.privacy.noise import NOISE_KINDS, strategy_for
 from dptrain.privacy.plan import (
     GRAD_SAMPLE_MODES,
     Clipping,
@@ -137,6 +139,9 @@ class PrivacyRequest:
     noise_schedule: Mapping[str, Any] | None = None  # the noise_schedule section (the ledger's)
     unit: str = "example"                     # "user": user-level DP (dptrain.privacy.user_level)
     max_examples_per_user: int | None = None  # unit=user: examples of a sampled user per batch
+    noise: str = "independent"                # independent | banded | blt
+    noise_bands: int | None = None            # noise=banded: b
+    noise_buffers: int | None = None          # noise=blt: buffers (None: the default)
 
     @property
     def private(self) -> bool:
@@ -156,19 +161,33 @@ class PrivacyRequest:
             return None
         return dict(schedule)
 
-    def plan(self, sample_rate: float, delta: float) -> PrivacyPlan:
+    def plan(self, sample_rate: float, delta: float, steps: int | None = None,
+             momentum: float = 0.0) -> PrivacyPlan:
         """The plan this request describes, for batches sampled at q = `sample_rate` and epsilon
-        reported at `delta` (sigma still to calibrate with privacy=epsilon)."""
+        reported at `delta` (sigma still to calibrate with privacy=epsilon); a correlated noise
+        strategy is optimised for `steps` steps (and SGD's `momentum`)."""
         norm = self.max_grad_norm
         return PrivacyPlan(
             selection=Selection(sample_rate=sample_rate, kind=self.sampling),
             clipping=Clipping(max_grad_norm=norm, kind=self.clipping),
             noise=Noise(multiplier=self.noise_multiplier, target_epsilon=self.target_epsilon,
-                        schedule=self.varying_noise),
+                        schedule=self.varying_noise,
+                        strategy=self._strategy(sample_rate, steps, momentum)),
             accountant=self.accountant, delta=delta,
             randomness="secure" if self.secure_mode else
             ("reproducible" if self.reproducible_mechanism else "os_entropy"),
             unit=Unit(self.unit, max_examples_per_user=self.max_examples_per_user))
+
+    def _strategy(self, sample_rate: float, steps: int | None, momentum: float) -> Any:
+        """The noise strategy of privacy.noise, optimised for `steps` steps (independent noise
+        needs none)."""
+        if self.noise != "independent" and steps is None:
+            raise ConfigError(f"privacy.noise={self.noise} is optimised for the run's number of "
+                              "steps, which is not known here: set train.epochs.")
+        return strategy_for(self.noise, steps or 1, bands=self.noise_bands,
+                            buffers=self.noise_buffers,
+                            steps_per_epoch=Selection(sample_rate).steps_per_epoch,
+                            momentum=momentum)
 
     @classmethod
     def parse(cls, privacy: Mapping[str, Any],
@@ -208,7 +227,26 @@ class PrivacyRequest:
             unit=one_of(*PRIVACY_UNITS).check(privacy.get("unit", "example"), "privacy.unit"),
             max_examples_per_user=check_max_examples_per_user(
                 privacy.get("max_examples_per_user"), "privacy.max_examples_per_user"),
+            **_noise_keys(privacy),
         )
+
+
+def _noise_keys(privacy: Mapping[str, Any]) -> dict[str, Any]:
+    """privacy.noise, noise_bands and noise_buffers, checked (a count given for another kind of
+    noise is refused by dptrain.privacy.noise.strategy_for when the plan is built)."""
+    counts = {key: POSITIVE_INT.or_none().check(privacy.get(key), f"privacy.{key}")
+              for key in ("noise_bands", "noise_buffers")}
+    kind = one_of(*NOISE_KINDS).check(privacy.get("noise", "independent"), "privacy.noise")
+    for key, used_by in (("noise_bands", "banded"), ("noise_buffers", "blt")):
+        if counts[key] is not None and kind != used_by:
+            raise ConfigError(f"privacy.{key}={counts[key]} is only used with "
+                              f"privacy.noise={used_by} (privacy.noise={kind}): drop it, or set "
+                              f"privacy.noise={used_by}.")
+    if kind == "banded" and counts["noise_bands"] is None:
+        raise ConfigError("privacy.noise=banded needs privacy.noise_bands=B, the number of bands "
+                          "(an example then takes part at most once every B steps), e.g. "
+                          "privacy.noise_bands=4.")
+    return {"noise": kind, **counts}
 
 
 def _sampling(privacy: Mapping[str, Any]) -> str:

@@ -198,6 +198,9 @@ class DPSGDConfig(PrivacyConfig):
     reproducible_mechanism: bool = False
     unit: str = "example"               # example | user (needs dataset.user_column)
     max_examples_per_user: Optional[int] = None   # unit=user: cap per sampled user (null: all)
+    noise: str = "independent"          # independent | banded | blt (dptrain.privacy.noise)
+    noise_bands: Optional[int] = None   # noise=banded: the number of bands b
+    noise_buffers: Optional[int] = None  # noise=blt: the number of buffers (null: 3)
 
 
 @dataclass
