@@ -128,7 +128,9 @@ class Banded:
         if c[0] <= 0:
             raise ConfigError(f"banded noise coefficients {list(c)} must start with a positive "
                               "c_0 (C must be invertible).")
-        object.__setattr__(self, "coefficients", tuple(float(v) for v in c / norm))
+        if abs(norm - 1.0) > 1e-12:  # a normalised column (a recorded one) is kept bit for bit
+            c = c / norm
+        object.__setattr__(self, "coefficients", tuple(float(v) for v in c))
 
     @classmethod
     def optimised(cls, bands: int, num_steps: int, momentum: float = 0.0) -> Banded:
