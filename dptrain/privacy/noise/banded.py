@@ -73,10 +73,11 @@ def _loss_and_gradient(c: np.ndarray, num_steps: int, momentum: float) -> tuple[
     dr/dc_j = -C^{-1} S_j r (S_j the shift by j), so dE/dc_j = -<C^{-T} g, S_j r>.
     """
     b = c.size
-    r = toeplitz.inverse_column(c, num_steps)
-    s = toeplitz.workload_column(r, momentum)
-    weights = (num_steps - np.arange(num_steps)) / num_steps
-    error = float(weights @ (s * s))
+    with np.errstate(over="ignore", invalid="ignore"):  # an unstable C^{-1}: inf, refused below
+        r = toeplitz.inverse_column(c, num_steps)
+        s = toeplitz.workload_column(r, momentum)
+        weights = (num_steps - np.arange(num_steps)) / num_steps
+        error = float(weights @ (s * s))
     norm2 = float(c @ c)
     if not np.isfinite(error):
         return np.inf, np.zeros(b)

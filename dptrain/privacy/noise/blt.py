@@ -105,7 +105,8 @@ def blt_loss(buf_decay: np.ndarray, output_scale: np.ndarray, num_steps: int, *,
              min_sep: int = 1, max_participations: int | None = 1,
              momentum: float = 0.0) -> float:
     """`toeplitz.loss` of the BLT (inf when C^{-1} is unstable over the horizon)."""
-    c, r = blt_columns(buf_decay, output_scale, num_steps)
+    with np.errstate(over="ignore", invalid="ignore"):  # an unstable C^{-1}: inf below
+        c, r = blt_columns(buf_decay, output_scale, num_steps)
     if not np.all(np.isfinite(r)) or np.abs(r).max() > 1e6:
         return np.inf
     return toeplitz.loss(c, num_steps, momentum=momentum, min_sep=min_sep,
