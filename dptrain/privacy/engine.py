@@ -25,7 +25,9 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from dptrain.accounting import get_accountant
+from dptrain.accounting.events import AccountingEvent
 from dptrain.accounting.shuffle import ShuffleAccountant
+from dptrain.data.cyclic_sampling import CyclicPoissonDataLoader, DistributedCyclicPoissonDataLoader
 from dptrain.data.distributed import DistributedDPDataLoader
 from dptrain.data.sampling import (
     DPDataLoader,
@@ -58,6 +60,7 @@ from dptrain.privacy.plan import (  # noqa: F401  (GRAD_SAMPLE_MODES: re-exporte
     Selection,
     Unit,
     calibrated,
+    selection_for,
 )
 from dptrain.privacy.schedules import Schedule, as_schedule
 from dptrain.privacy.user_level import (UserLevelClipper, UserLevelRequest,
@@ -66,7 +69,8 @@ _INTERFACE = ("per_sample_batch_size", "squared_norms", "weighted_sum", "clear_p
               "check_complete")
 ScheduleSpec = Schedule | Callable[[int], float] | dict[str, Any] | None
 # make_private's keyword arguments that describe the plan (the others say how it is computed).
-_PLAN_ARGUMENTS = ("max_grad_norm", "poisson_sampling", "sampling", "clipping", "privacy_unit",
+_PLAN_ARGUMENTS = ("max_grad_norm", "poisson_sampling", "sampling", "sampling_groups", "clipping",
+                   "privacy_unit",
                    "max_examples_per_user",
                    "target_unclipped_quantile", "clipbound_learning_rate", "count_noise_std")
 
@@ -98,16 +102,34 @@ def _make_accountant(accountant: Any) -> Any:
     return get_accountant(accountant)
 
 
+def accountant_for(accountant: Any, event: AccountingEvent) -> Any:
+    """The accountant that charges steps as `event` (the plan's selection and noise strategy),
+    carrying `accountant`'s name: `accountant` itself for plain Poisson DP-SGD (a caller's own
+    accountant object is kept), otherwise a new one from `get_accountant(name, event)` holding
+    `accountant`'s history."""
+    if event.plain and event.selection != "shuffle":
+        return accountant
+    current = getattr(accountant, "event", None)
+    if current == event or (event.plain and isinstance(accountant, ShuffleAccountant)):
+        return accountant
+    charged = get_accountant(accountant.name, event)
+    charged.load_state_dict({"name": charged.name, "history": accountant.history})
+    return charged
+
+
 def private_classes(distributed: bool, selection: str) -> tuple[type, type]:
     """(loader class, optimizer class) for make_private and the plan's selection kind
-    (poisson | shuffle | given): the distributed pair for a DDP model.
+    (poisson | shuffle | cyclic_poisson | given): the distributed pair for a DDP model.
 
     Raises ConfigError for a DDP model without Poisson sampling: every rank would then train on
     the same given batches and the all-reduce would count each example once per rank
     (sensitivity W * C instead of C).
     """
     if not distributed:
-        return (ShuffleDataLoader if selection == "shuffle" else DPDataLoader), DPOptimizer
+        loaders = {"shuffle": ShuffleDataLoader, "cyclic_poisson": CyclicPoissonDataLoader}
+        return loaders.get(selection, DPDataLoader), DPOptimizer
+    if selection == "cyclic_poisson":
+        return DistributedCyclicPoissonDataLoader, DistributedDPOptimizer
     if selection != "poisson":
         raise ConfigError("poisson_sampling=False with a DistributedDataParallel model: each rank "
                           "would train on the same batches of the given loader and the clipped "
@@ -237,27 +259,29 @@ class PrivacyEngine:
                 count_noise_std: float | None = None, target_epsilon: float | None = None,
                 target_delta: float | None = None,
                 noise_generator: torch.Generator | None = None, privacy_unit: str = "example",
-                user_ids: Any = None, max_examples_per_user: int | None = None) -> PrivacyPlan:
+                user_ids: Any = None, max_examples_per_user: int | None = None,
+                sampling_groups: int | None = None) -> PrivacyPlan:
         """The plan make_private's keyword arguments describe (q = the loader's batch_size / N,
         N the examples, or the users with privacy_unit="user"; `sampling` "poisson" |
-        "shuffle"; poisson_sampling=False without it: the caller's own loader, accounted as
-        Poisson, no guarantee)."""
+        "shuffle" | "cyclic_poisson" (with `sampling_groups` groups; banded noise alone picks
+        it, dptrain.privacy.plan.selection_for); poisson_sampling=False without it: the
+        caller's own loader, accounted as Poisson, no guarantee)."""
         unit = Unit(privacy_unit, max_examples_per_user=max_examples_per_user)
         _, rate = self._unit_rate(data_loader, unit, user_ids)
-        if sampling is None:
-            sampling = "poisson" if poisson_sampling else "given"
+        if sampling is None and not poisson_sampling:
+            sampling = "given"
         sigma = check_noise_multiplier(noise_multiplier) if noise_multiplier is not None else None
         norm = check_max_grad_norm(max_grad_norm, per_layer=clipping == "per_layer")
+        noise = Noise(multiplier=sigma, target_epsilon=target_epsilon,
+                      schedule=schedule_spec(noise_schedule))
         return PrivacyPlan(
-            selection=Selection(sample_rate=rate, kind=sampling,
-                                schedule=schedule_spec(sample_rate_schedule)),
+            selection=selection_for(noise, rate, sampling, sampling_groups,
+                                    schedule_spec(sample_rate_schedule)),
             clipping=Clipping(max_grad_norm=tuple(norm) if isinstance(norm, list) else norm,
                               kind=clipping, target_unclipped_quantile=target_unclipped_quantile,
                               clipbound_learning_rate=clipbound_learning_rate,
                               count_noise_std=count_noise_std),
-            noise=Noise(multiplier=sigma, target_epsilon=target_epsilon,
-                        schedule=schedule_spec(noise_schedule)),
-            accountant=self.accountant.name, delta=target_delta,
+            noise=noise, accountant=self.accountant.name, delta=target_delta,
             randomness=self._planned_randomness(noise_generator), unit=unit)
 
     def make_private(self, *, module: nn.Module, optimizer: Optimizer, data_loader: DataLoader,
@@ -271,8 +295,8 @@ class PrivacyEngine:
                      batch_first: bool = True, loss_reduction: str = "mean",
                      target_unclipped_quantile: float = 0.5, clipbound_learning_rate: float = 0.2,
                      count_noise_std: float | None = None, privacy_unit: str = "example",
-                     user_ids: Any = None, max_examples_per_user: int | None = None
-                     ) -> tuple[Any, DPOptimizer, Any]:
+                     user_ids: Any = None, max_examples_per_user: int | None = None,
+                     sampling_groups: int | None = None) -> tuple[Any, DPOptimizer, Any]:
         """The private (module, optimizer, data_loader) of `plan`; see docs/python-api.md.
 
         Without `plan`, the keyword arguments describe it (`plan_of`); `performance` (default:
@@ -297,7 +321,7 @@ class PrivacyEngine:
                 target_unclipped_quantile=target_unclipped_quantile,
                 clipbound_learning_rate=clipbound_learning_rate, count_noise_std=count_noise_std,
                 noise_generator=noise_generator, privacy_unit=privacy_unit, user_ids=user_ids,
-                max_examples_per_user=max_examples_per_user)
+                max_examples_per_user=max_examples_per_user, sampling_groups=sampling_groups)
         if performance is None:
             performance = PerformanceSettings(grad_sample_mode=grad_sample_mode)
         return self._build(plan, performance, module, optimizer, data_loader, noise_generator,
@@ -360,10 +384,9 @@ class PrivacyEngine:
             raise
         if callable(getattr(private_loader, "add_hand_out_listener", None)):
             dp_optimizer.follow_loader(private_loader)
+            dp_optimizer.one_batch_per_step = plan.selection.kind == "cyclic_poisson"
         dp_optimizer.attach_step_hook(self._account_step)
-        if plan.selection.accounting == "shuffle" and not isinstance(self.accountant,
-                                                                      ShuffleAccountant):
-            self.accountant = get_accountant(self.accountant.name, "shuffle")
+        self.accountant = accountant_for(self.accountant, plan.accounting)
         self.optimizer, self.data_loader, self.dataset_size = dp_optimizer, private_loader, num_samples
         self.plan, self.performance = plan, performance
         self.privacy_unit = plan.unit.kind
@@ -556,6 +579,11 @@ class PrivacyEngine:
         non-Poisson sampling is allowed."""
         kind = plan.selection.kind
         self.poisson_sampling = kind == "poisson"
+        if kind == "cyclic_poisson":
+            return loader_class.from_data_loader(data_loader, sample_rate=plan.selection.sample_rate,
+                                                 groups=plan.selection.groups,
+                                                 generator=self.sampling_generator,
+                                                 secure=self.secure_mode)
         if kind == "shuffle":
             return loader_class.from_data_loader(data_loader, sample_rate=plan.selection.sample_rate,
                                                  generator=self.sampling_generator,
