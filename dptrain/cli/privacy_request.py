@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from dptrain.accounting import ACCOUNTANTS
 from dptrain.checks import (
     BOOLEAN,
+    POSITIVE_INT,
     check_delta,
     check_epsilon,
     check_max_grad_norm,
@@ -34,8 +35,8 @@ from dptrain.privacy.plan import (
     Clipping,
     Noise,
     PrivacyPlan,
-    Selection,
     Unit,
+    selection_for,
 )
 from dptrain.privacy.schedules import as_schedule
 from dptrain.privacy.user_level import PRIVACY_UNITS
@@ -47,6 +48,8 @@ PRIVACY_KEYS = tuple(sorted({f.name for schema in (EpsilonPrivacyConfig, SigmaPr
                              for f in dataclasses.fields(schema)}))
 
 log = logging.getLogger(__name__)
+# The batch selections a config may name (privacy.sampling); "given" is the Python API's alone.
+CLI_SELECTIONS = ("poisson", "shuffle", "cyclic_poisson")
 
 
 def reject_unknown_keys(section: Mapping[str, Any], group: str, known: tuple[str, ...]) -> None:
@@ -131,7 +134,9 @@ class PrivacyRequest:
     accountant: str = "prv"
     clipping: str = "flat"
     grad_sample_mode: str = "hooks"
-    sampling: str = "poisson"                 # poisson | shuffle (privacy.poisson_sampling=false: shuffle)
+    sampling: str | None = "poisson"          # poisson | shuffle | cyclic_poisson (None: the plan
+                                              # picks, dptrain.privacy.plan.selection_for)
+    sampling_groups: int | None = None        # cyclic_poisson: groups (None: the plan picks)
     secure_mode: bool = False
     reproducible_mechanism: bool = False      # noise and sampling seeded from train.seed (an opt-in)
     noise_schedule: Mapping[str, Any] | None = None  # the noise_schedule section (the ledger's)
@@ -160,11 +165,12 @@ class PrivacyRequest:
         """The plan this request describes, for batches sampled at q = `sample_rate` and epsilon
         reported at `delta` (sigma still to calibrate with privacy=epsilon)."""
         norm = self.max_grad_norm
+        noise = Noise(multiplier=self.noise_multiplier, target_epsilon=self.target_epsilon,
+                      schedule=self.varying_noise)
         return PrivacyPlan(
-            selection=Selection(sample_rate=sample_rate, kind=self.sampling),
+            selection=selection_for(noise, sample_rate, self.sampling, self.sampling_groups),
             clipping=Clipping(max_grad_norm=norm, kind=self.clipping),
-            noise=Noise(multiplier=self.noise_multiplier, target_epsilon=self.target_epsilon,
-                        schedule=self.varying_noise),
+            noise=noise,
             accountant=self.accountant, delta=delta,
             randomness="secure" if self.secure_mode else
             ("reproducible" if self.reproducible_mechanism else "os_entropy"),
@@ -202,6 +208,7 @@ class PrivacyRequest:
             grad_sample_mode=one_of(*GRAD_SAMPLE_MODES).check(
                 privacy.get("grad_sample_mode", "hooks"), "privacy.grad_sample_mode"),
             sampling=_sampling(privacy),
+            sampling_groups=_sampling_groups(privacy),
             secure_mode=BOOLEAN.check(privacy.get("secure_mode", False), "privacy.secure_mode"),
             reproducible_mechanism=_reproducible_mechanism(privacy),
             noise_schedule=_checked_schedule(noise_schedule, mode, sigma),
@@ -211,19 +218,26 @@ class PrivacyRequest:
         )
 
 
-def _sampling(privacy: Mapping[str, Any]) -> str:
-    """`privacy.sampling` (poisson | shuffle), or its alias `privacy.poisson_sampling`
-    (false: shuffle; its default true defers to privacy.sampling); ConfigError for
-    sampling=poisson with poisson_sampling=false."""
+def _sampling(privacy: Mapping[str, Any]) -> str | None:
+    """`privacy.sampling` (poisson | shuffle | cyclic_poisson), or its alias
+    `privacy.poisson_sampling` (false: shuffle); None when neither is set (the plan picks:
+    cyclic Poisson for banded noise, else Poisson); ConfigError for sampling=poisson with
+    poisson_sampling=false."""
     alias = BOOLEAN.check(privacy.get("poisson_sampling", True), "privacy.poisson_sampling")
     sampling = privacy.get("sampling")
     if sampling is None:
-        return "poisson" if alias else "shuffle"
-    sampling = one_of("poisson", "shuffle").check(sampling, "privacy.sampling")
-    if sampling == "poisson" and not alias:
+        return None if alias else "shuffle"
+    sampling = one_of(*CLI_SELECTIONS).check(sampling, "privacy.sampling")
+    if sampling != "shuffle" and not alias:
         raise ConfigError(f"privacy.sampling={sampling} but privacy.poisson_sampling={str(alias).lower()} "
                           "(its older name) says otherwise: set privacy.sampling alone.")
     return sampling
+
+
+def _sampling_groups(privacy: Mapping[str, Any]) -> int | None:
+    """`privacy.sampling_groups`: None, or a count >= 1 (dptrain.checks.POSITIVE_INT)."""
+    groups = privacy.get("sampling_groups")
+    return None if groups is None else POSITIVE_INT.check(groups, "privacy.sampling_groups")
 
 
 def _reproducible_mechanism(privacy: Mapping[str, Any]) -> bool:

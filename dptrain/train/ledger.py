@@ -94,7 +94,8 @@ RENAMED_KEYS = {"privacy.reproducible_noise": "privacy.reproducible_mechanism"}
 # had, which means what the older config did}. A key at that value is hashed as absent, so those
 # runs still resume. privacy.sampling null defers to privacy.poisson_sampling, as before; the
 # privacy unit was one example, no dataset named users; the learning rate was constant.
-ADDED_KEYS: dict[str, Any] = {"privacy.sampling": None, "privacy.unit": "example",
+ADDED_KEYS: dict[str, Any] = {"privacy.sampling": None, "privacy.sampling_groups": None,
+                              "privacy.unit": "example",
                               "privacy.max_examples_per_user": None, "dataset.user_column": None,
                               "lr_schedule.kind": "constant"}
 
