@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from test_trainer_support import Killed, crash_at_call, make_job, make_settings
+import torch
+from test_trainer_support import Killed, crash_at_call, final_weights, make_job, make_settings
 
 from dptrain.accounting import compute_epsilon
 from dptrain.accounting.events import AccountingEvent
@@ -80,3 +81,15 @@ def test_a_resume_that_would_charge_steps_out_of_their_groups_is_refused(tmp_pat
         train(make_job(engine_kwargs=CYCLIC, reproducible_mechanism=False),
               make_settings(tmp_path, epochs=3, resume="auto"))
     assert (tmp_path / "privacy_ledger.json").read_bytes() == before
+
+
+def test_a_cyclic_run_resumed_from_a_checkpoint_replays_its_groups_exactly(tmp_path: Path) -> None:
+    whole = make_job(engine_kwargs=CYCLIC)
+    train(whole, make_settings(tmp_path / "whole", epochs=3))
+    train(make_job(engine_kwargs=CYCLIC), make_settings(tmp_path / "resumed", epochs=3))
+    resumed = make_job(engine_kwargs=CYCLIC)
+    train(resumed, make_settings(tmp_path / "resumed", epochs=3,
+                                 resume=str(tmp_path / "resumed" / "checkpoints" / "epoch_1.pt")))
+    assert all(torch.equal(a, b) for a, b in zip(final_weights(resumed).values(),
+                                                 final_weights(whole).values()))
+    assert load_ledger(tmp_path / "resumed")["history"] == load_ledger(tmp_path / "whole")["history"]
