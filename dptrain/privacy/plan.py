@@ -129,11 +129,11 @@ class Selection:
         return steps_per_epoch(self.sample_rate)
 
     @property
-    def accounting(self) -> str:
-        """How its steps are accounted with independent noise (get_accountant's `sampling`):
-        "shuffle", "cyclic_poisson", or "poisson" (a caller's own loader, "given", too: no
-        guarantee). `PrivacyPlan.accounting` gives the whole event, groups and noise included."""
-        return self.kind if self.kind in ("shuffle", "cyclic_poisson") else "poisson"
+    def accounting(self) -> AccountingEvent:
+        """How its steps are charged with independent noise (dptrain.accounting.events): its
+        kind ("given", a caller's own loader, as "poisson": no guarantee) and groups.
+        `PrivacyPlan.accounting` adds the noise strategy."""
+        return AccountingEvent("poisson" if self.kind == "given" else self.kind, self.groups)
 
     @property
     def amplified(self) -> bool:
@@ -245,8 +245,7 @@ class PrivacyPlan:
         """What its steps are charged as (dptrain.accounting.events): the selection, its groups
         and the noise strategy; the engine's accountant, the ledger's recomputation and the
         planner's calibration all take it to `get_accountant`."""
-        return AccountingEvent(self.selection.accounting, self.selection.groups,
-                               noise_strategy(self.noise))
+        return dataclasses.replace(self.selection.accounting, strategy=noise_strategy(self.noise))
 
     def expected_batch_size(self, num_examples: int) -> float:
         """q N, the public denominator of the averaged noisy gradient (examples)."""
