@@ -32,7 +32,7 @@ from dptrain.checks import (
 )
 from dptrain.cli.args import OneLineParser, fail
 from dptrain.errors import ConfigError, DPTrainError, PrivacyError
-from dptrain.privacy.plan import Clipping, Noise, PrivacyPlan, Selection
+from dptrain.privacy.plan import Clipping, Noise, PrivacyPlan, selection_for
 
 PROG = "dptrain-privacy"
 ORDER = ("prv", "rdp", "gdp")  # table order: the default (tight) accountant first
@@ -48,19 +48,22 @@ def _fail(message: str) -> NoReturn:
 
 @dataclass(frozen=True)
 class Horizon:
-    """The resolved inputs besides sigma: the batch selection (q and poisson | shuffle), the
-    number of steps T and delta."""
+    """The resolved inputs besides sigma: the batch selection (q, poisson | shuffle |
+    cyclic_poisson and its groups), the number of steps T and delta."""
 
     sample_rate: float
     steps: int
     delta: float
     sampling: str = "poisson"
+    groups: int | None = None
 
     def plan(self, accountant: str, sigma: float) -> PrivacyPlan:
         """The privacy plan of a run with this horizon, `accountant` and noise multiplier."""
-        return PrivacyPlan(selection=Selection(self.sample_rate, kind=self.sampling),
-                           clipping=Clipping(), noise=Noise(multiplier=sigma),
-                           accountant=accountant, delta=self.delta)
+        noise = Noise(multiplier=sigma)
+        return PrivacyPlan(selection=selection_for(noise, self.sample_rate, self.sampling,
+                                                   self.groups),
+                           clipping=Clipping(), noise=noise, accountant=accountant,
+                           delta=self.delta)
 
 
 def _count(name: str) -> Callable[[str], int]:
@@ -91,9 +94,14 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delta", type=float,
                         help="target delta, e.g. 1e-5 (default with --dataset-size: 1/(10 N) "
                         "rounded down to a power of ten, as dptrain chooses it)")
-    parser.add_argument("--sampling", choices=["poisson", "shuffle"], default="poisson",
-                        help="batch selection (privacy.sampling): poisson (default) or shuffle "
-                        "(fixed-size batches of a shuffle each epoch, no amplification)")
+    parser.add_argument("--sampling", choices=["poisson", "shuffle", "cyclic_poisson"],
+                        default="poisson",
+                        help="batch selection (privacy.sampling): poisson (default), shuffle "
+                        "(fixed-size batches of a shuffle each epoch, no amplification) or "
+                        "cyclic_poisson (--sampling-groups groups, group t mod b sampled at step "
+                        "t at rate b q: the accounting of banded noise of b bands)")
+    parser.add_argument("--sampling-groups", type=_count("--sampling-groups"), default=None,
+                        help="cyclic_poisson: the number of groups b (privacy.sampling_groups)")
     parser.add_argument("--accountant", nargs="+", choices=sorted(ACCOUNTANTS), default=list(ORDER),
                         help="accountants to report (default: all)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -130,7 +138,10 @@ def resolve_horizon(args: argparse.Namespace) -> Horizon:
     delta = _delta(args.delta, args.dataset_size)
     if args.epochs is not None:
         POSITIVE_NUMBER.check(args.epochs, "--epochs")
-    return Horizon(q, steps_for(q, args.steps, args.epochs), delta, args.sampling)
+    if args.sampling_groups is not None and args.sampling != "cyclic_poisson":
+        raise PrivacyError("--sampling-groups needs --sampling cyclic_poisson")
+    return Horizon(q, steps_for(q, args.steps, args.epochs), delta, args.sampling,
+                   args.sampling_groups)
 
 
 def _delta(given: float | None, dataset_size: int | None) -> float:
@@ -150,7 +161,7 @@ def _ordered(names: Sequence[str]) -> list[str]:
 def _epsilon_row(name: str, sigma: float, horizon: Horizon) -> dict[str, Any]:
     """The answer of the plan of `horizon` with this accountant and sigma."""
     plan = horizon.plan(name, sigma)
-    acc = get_accountant(plan.accountant, plan.selection.accounting)
+    acc = get_accountant(plan.accountant, plan.accounting)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         acc.step(noise_multiplier=sigma, sample_rate=plan.selection.sample_rate,
@@ -171,7 +182,7 @@ def _sigma_row(name: str, target: float, tolerance: float, horizon: Horizon) -> 
     sigma = get_noise_multiplier(target_epsilon=target, target_delta=horizon.delta,
                                  sample_rate=horizon.sample_rate, steps=horizon.steps,
                                  accountant=name, epsilon_tolerance=tolerance,
-                                 sampling=horizon.plan(name, 1.0).selection.accounting)
+                                 sampling=horizon.plan(name, 1.0).accounting)
     return {"accountant": name, "noise_multiplier": sigma, **_epsilon_row(name, sigma, horizon)}
 
 
@@ -222,6 +233,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     plan = resolve_horizon(args)
     inputs: dict[str, Any] = {"sample_rate": plan.sample_rate, "steps": plan.steps,
                               "delta": plan.delta, "sampling": plan.sampling}
+    if plan.groups is not None:
+        inputs["sampling_groups"] = plan.groups
     names = _ordered(args.accountant)
     if args.command == "epsilon":
         check_noise_multiplier(args.sigma, "--sigma")

@@ -38,6 +38,7 @@ from dptrain.privacy.plan import (
     PrivacyPlan,
     Selection,
     Unit,
+    default_selection,
 )
 from dptrain.privacy.schedules import as_schedule
 from dptrain.privacy.user_level import PRIVACY_UNITS
@@ -49,6 +50,8 @@ PRIVACY_KEYS = tuple(sorted({f.name for schema in (EpsilonPrivacyConfig, SigmaPr
                              for f in dataclasses.fields(schema)}))
 
 log = logging.getLogger(__name__)
+# The batch selections a config may name (privacy.sampling); "given" is the Python API's alone.
+CLI_SELECTIONS = ("poisson", "shuffle", "cyclic_poisson")
 
 
 def reject_unknown_keys(section: Mapping[str, Any], group: str, known: tuple[str, ...]) -> None:
@@ -133,7 +136,9 @@ class PrivacyRequest:
     accountant: str = "prv"
     clipping: str = "flat"
     grad_sample_mode: str = "hooks"
-    sampling: str = "poisson"                 # poisson | shuffle (privacy.poisson_sampling=false: shuffle)
+    sampling: str | None = "poisson"          # poisson | shuffle | cyclic_poisson (None: the plan
+                                              # picks, dptrain.privacy.plan.default_selection)
+    sampling_groups: int | None = None        # cyclic_poisson: groups (None: the plan picks)
     secure_mode: bool = False
     reproducible_mechanism: bool = False      # noise and sampling seeded from train.seed (an opt-in)
     noise_schedule: Mapping[str, Any] | None = None  # the noise_schedule section (the ledger's)
@@ -165,29 +170,31 @@ class PrivacyRequest:
              momentum: float = 0.0) -> PrivacyPlan:
         """The plan this request describes, for batches sampled at q = `sample_rate` and epsilon
         reported at `delta` (sigma still to calibrate with privacy=epsilon); a correlated noise
-        strategy is optimised for `steps` steps (and SGD's `momentum`)."""
+        strategy is optimised for `steps` steps (and SGD's `momentum`) and the participation
+        schema of its batch selection (dptrain.privacy.plan.default_selection)."""
         norm = self.max_grad_norm
+        selection = default_selection(self.noise, sample_rate, self.sampling,
+                                      self.sampling_groups, bands=self.noise_bands)
         return PrivacyPlan(
-            selection=Selection(sample_rate=sample_rate, kind=self.sampling),
+            selection=selection,
             clipping=Clipping(max_grad_norm=norm, kind=self.clipping),
             noise=Noise(multiplier=self.noise_multiplier, target_epsilon=self.target_epsilon,
                         schedule=self.varying_noise,
-                        strategy=self._strategy(sample_rate, steps, momentum)),
+                        strategy=self._strategy(selection, steps, momentum)),
             accountant=self.accountant, delta=delta,
             randomness="secure" if self.secure_mode else
             ("reproducible" if self.reproducible_mechanism else "os_entropy"),
             unit=Unit(self.unit, max_examples_per_user=self.max_examples_per_user))
 
-    def _strategy(self, sample_rate: float, steps: int | None, momentum: float) -> Any:
-        """The noise strategy of privacy.noise, optimised for `steps` steps (independent noise
-        needs none)."""
+    def _strategy(self, selection: Selection, steps: int | None, momentum: float) -> Any:
+        """The noise strategy of privacy.noise, optimised for `steps` steps and the separation
+        of `selection`'s participations (independent noise needs none)."""
         if self.noise != "independent" and steps is None:
             raise ConfigError(f"privacy.noise={self.noise} is optimised for the run's number of "
                               "steps, which is not known here: set train.epochs.")
         return strategy_for(self.noise, steps or 1, bands=self.noise_bands,
                             buffers=self.noise_buffers,
-                            steps_per_epoch=Selection(sample_rate).steps_per_epoch,
-                            momentum=momentum)
+                            steps_per_epoch=selection.min_separation, momentum=momentum)
 
     @classmethod
     def parse(cls, privacy: Mapping[str, Any],
@@ -221,6 +228,7 @@ class PrivacyRequest:
             grad_sample_mode=one_of(*GRAD_SAMPLE_MODES).check(
                 privacy.get("grad_sample_mode", "hooks"), "privacy.grad_sample_mode"),
             sampling=_sampling(privacy),
+            sampling_groups=_sampling_groups(privacy),
             secure_mode=BOOLEAN.check(privacy.get("secure_mode", False), "privacy.secure_mode"),
             reproducible_mechanism=_reproducible_mechanism(privacy),
             noise_schedule=_checked_schedule(noise_schedule, mode, sigma),
@@ -249,19 +257,26 @@ def _noise_keys(privacy: Mapping[str, Any]) -> dict[str, Any]:
     return {"noise": kind, **counts}
 
 
-def _sampling(privacy: Mapping[str, Any]) -> str:
-    """`privacy.sampling` (poisson | shuffle), or its alias `privacy.poisson_sampling`
-    (false: shuffle; its default true defers to privacy.sampling); ConfigError for
-    sampling=poisson with poisson_sampling=false."""
+def _sampling(privacy: Mapping[str, Any]) -> str | None:
+    """`privacy.sampling` (poisson | shuffle | cyclic_poisson), or its alias
+    `privacy.poisson_sampling` (false: shuffle); None when neither is set (the plan picks:
+    cyclic Poisson for banded and BLT noise, else Poisson); ConfigError for sampling=poisson
+    with poisson_sampling=false."""
     alias = BOOLEAN.check(privacy.get("poisson_sampling", True), "privacy.poisson_sampling")
     sampling = privacy.get("sampling")
     if sampling is None:
-        return "poisson" if alias else "shuffle"
-    sampling = one_of("poisson", "shuffle").check(sampling, "privacy.sampling")
-    if sampling == "poisson" and not alias:
+        return None if alias else "shuffle"
+    sampling = one_of(*CLI_SELECTIONS).check(sampling, "privacy.sampling")
+    if sampling != "shuffle" and not alias:
         raise ConfigError(f"privacy.sampling={sampling} but privacy.poisson_sampling={str(alias).lower()} "
                           "(its older name) says otherwise: set privacy.sampling alone.")
     return sampling
+
+
+def _sampling_groups(privacy: Mapping[str, Any]) -> int | None:
+    """`privacy.sampling_groups`: None, or a count >= 1 (dptrain.checks.POSITIVE_INT)."""
+    groups = privacy.get("sampling_groups")
+    return None if groups is None else POSITIVE_INT.check(groups, "privacy.sampling_groups")
 
 
 def _reproducible_mechanism(privacy: Mapping[str, Any]) -> bool:

@@ -25,7 +25,9 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from dptrain.accounting import get_accountant
+from dptrain.accounting.events import AccountingEvent
 from dptrain.accounting.shuffle import ShuffleAccountant
+from dptrain.data.cyclic_sampling import CyclicPoissonDataLoader, DistributedCyclicPoissonDataLoader
 from dptrain.data.distributed import DistributedDPDataLoader
 from dptrain.data.sampling import (
     DPDataLoader,
@@ -59,6 +61,7 @@ from dptrain.privacy.plan import (  # noqa: F401  (GRAD_SAMPLE_MODES: re-exporte
     Selection,
     Unit,
     calibrated,
+    selection_for,
 )
 from dptrain.privacy.schedules import Schedule, as_schedule
 from dptrain.privacy.user_level import (UserLevelClipper, UserLevelRequest,
@@ -67,8 +70,8 @@ _INTERFACE = ("per_sample_batch_size", "squared_norms", "weighted_sum", "clear_p
               "check_complete")
 ScheduleSpec = Schedule | Callable[[int], float] | dict[str, Any] | None
 # make_private's keyword arguments that describe the plan (the others say how it is computed).
-_PLAN_ARGUMENTS = ("max_grad_norm", "poisson_sampling", "sampling", "clipping", "privacy_unit",
-                   "max_examples_per_user", "noise_strategy",
+_PLAN_ARGUMENTS = ("max_grad_norm", "poisson_sampling", "sampling", "sampling_groups", "clipping",
+                   "privacy_unit", "max_examples_per_user", "noise_strategy",
                    "target_unclipped_quantile", "clipbound_learning_rate", "count_noise_std")
 
 
@@ -99,16 +102,34 @@ def _make_accountant(accountant: Any) -> Any:
     return get_accountant(accountant)
 
 
+def accountant_for(accountant: Any, event: AccountingEvent) -> Any:
+    """The accountant that charges steps as `event` (the plan's selection and noise strategy),
+    carrying `accountant`'s name: `accountant` itself for plain Poisson DP-SGD (a caller's own
+    accountant object is kept), otherwise a new one from `get_accountant(name, event)` holding
+    `accountant`'s history."""
+    if event.plain and event.selection != "shuffle":
+        return accountant
+    current = getattr(accountant, "event", None)
+    if current == event or (event.plain and isinstance(accountant, ShuffleAccountant)):
+        return accountant
+    charged = get_accountant(accountant.name, event)
+    charged.load_state_dict({"name": charged.name, "history": accountant.history})
+    return charged
+
+
 def private_classes(distributed: bool, selection: str) -> tuple[type, type]:
     """(loader class, optimizer class) for make_private and the plan's selection kind
-    (poisson | shuffle | given): the distributed pair for a DDP model.
+    (poisson | shuffle | cyclic_poisson | given): the distributed pair for a DDP model.
 
     Raises ConfigError for a DDP model without Poisson sampling: every rank would then train on
     the same given batches and the all-reduce would count each example once per rank
     (sensitivity W * C instead of C).
     """
     if not distributed:
-        return (ShuffleDataLoader if selection == "shuffle" else DPDataLoader), DPOptimizer
+        loaders = {"shuffle": ShuffleDataLoader, "cyclic_poisson": CyclicPoissonDataLoader}
+        return loaders.get(selection, DPDataLoader), DPOptimizer
+    if selection == "cyclic_poisson":
+        return DistributedCyclicPoissonDataLoader, DistributedDPOptimizer
     if selection != "poisson":
         raise ConfigError("poisson_sampling=False with a DistributedDataParallel model: each rank "
                           "would train on the same batches of the given loader and the clipped "
@@ -239,29 +260,31 @@ class PrivacyEngine:
                 target_delta: float | None = None,
                 noise_generator: torch.Generator | None = None, privacy_unit: str = "example",
                 user_ids: Any = None, max_examples_per_user: int | None = None,
+                sampling_groups: int | None = None,
                 noise_strategy: NoiseStrategy | None = None) -> PrivacyPlan:
         """The plan make_private's keyword arguments describe (q = the loader's batch_size / N,
         N the examples, or the users with privacy_unit="user"; `sampling` "poisson" |
-        "shuffle"; poisson_sampling=False without it: the caller's own loader, accounted as
-        Poisson, no guarantee; `noise_strategy` a dptrain.privacy.noise strategy, None:
-        independent)."""
+        "shuffle" | "cyclic_poisson" (with `sampling_groups` groups; banded and BLT noise alone
+        pick it, dptrain.privacy.plan.selection_for); poisson_sampling=False without it: the
+        caller's own loader, accounted as Poisson, no guarantee; `noise_strategy` a
+        dptrain.privacy.noise strategy, None: independent)."""
         unit = Unit(privacy_unit, max_examples_per_user=max_examples_per_user)
         _, rate = self._unit_rate(data_loader, unit, user_ids)
-        if sampling is None:
-            sampling = "poisson" if poisson_sampling else "given"
+        if sampling is None and not poisson_sampling:
+            sampling = "given"
         sigma = check_noise_multiplier(noise_multiplier) if noise_multiplier is not None else None
         norm = check_max_grad_norm(max_grad_norm, per_layer=clipping == "per_layer")
+        noise = Noise(multiplier=sigma, target_epsilon=target_epsilon,
+                      schedule=schedule_spec(noise_schedule),
+                      strategy=strategy_from_dict(noise_strategy))
         return PrivacyPlan(
-            selection=Selection(sample_rate=rate, kind=sampling,
-                                schedule=schedule_spec(sample_rate_schedule)),
+            selection=selection_for(noise, rate, sampling, sampling_groups,
+                                    schedule_spec(sample_rate_schedule)),
             clipping=Clipping(max_grad_norm=tuple(norm) if isinstance(norm, list) else norm,
                               kind=clipping, target_unclipped_quantile=target_unclipped_quantile,
                               clipbound_learning_rate=clipbound_learning_rate,
                               count_noise_std=count_noise_std),
-            noise=Noise(multiplier=sigma, target_epsilon=target_epsilon,
-                        schedule=schedule_spec(noise_schedule),
-                        strategy=strategy_from_dict(noise_strategy)),
-            accountant=self.accountant.name, delta=target_delta,
+            noise=noise, accountant=self.accountant.name, delta=target_delta,
             randomness=self._planned_randomness(noise_generator), unit=unit)
 
     def make_private(self, *, module: nn.Module, optimizer: Optimizer, data_loader: DataLoader,
@@ -276,6 +299,7 @@ class PrivacyEngine:
                      target_unclipped_quantile: float = 0.5, clipbound_learning_rate: float = 0.2,
                      count_noise_std: float | None = None, privacy_unit: str = "example",
                      user_ids: Any = None, max_examples_per_user: int | None = None,
+                     sampling_groups: int | None = None,
                      noise_strategy: NoiseStrategy | None = None
                      ) -> tuple[Any, DPOptimizer, Any]:
         """The private (module, optimizer, data_loader) of `plan`; see docs/python-api.md.
@@ -289,8 +313,9 @@ class PrivacyEngine:
         dataset; users are Poisson-sampled at q = batch_size / N_users, each contributes at most
         `max_examples_per_user` examples (None: all) and its mean gradient is clipped to
         max_grad_norm. `noise_strategy` (dptrain.privacy.noise; None: independent DP-SGD noise)
-        correlates the noise across steps; a combination the accountants cannot charge exactly
-        is refused (ConfigError). Raises PrivacyError / ConfigError naming the argument for any
+        correlates the noise across steps; its steps are charged by the plan's AccountingEvent
+        (dptrain.accounting.events: amplified banded MF, or the unamplified sensitivity), never
+        as DP-SGD. Raises PrivacyError / ConfigError naming the argument for any
         unusable value.
         """
         if plan is None:
@@ -304,7 +329,8 @@ class PrivacyEngine:
                 target_unclipped_quantile=target_unclipped_quantile,
                 clipbound_learning_rate=clipbound_learning_rate, count_noise_std=count_noise_std,
                 noise_generator=noise_generator, privacy_unit=privacy_unit, user_ids=user_ids,
-                max_examples_per_user=max_examples_per_user, noise_strategy=noise_strategy)
+                max_examples_per_user=max_examples_per_user, sampling_groups=sampling_groups,
+                noise_strategy=noise_strategy)
         elif noise_strategy is not None and strategy_from_dict(noise_strategy) != plan.noise.strategy:
             raise ConfigError(f"noise_strategy={noise_strategy!r} differs from the plan's "
                               f"{plan.noise.strategy!r}: give the strategy in the plan alone.")
@@ -323,7 +349,6 @@ class PrivacyEngine:
         """The mechanism of `plan`: wrapped module, DP optimizer, private loader (`user_ids`:
         one user id per example, for a user-level plan)."""
         self._check_plan(plan, noise_generator)
-        plan.require_accounting()  # never charge a correlated-noise run as DP-SGD
         module, distributed = unwrap_ddp(module)  # a DDP model: its inner module
         users = user_level_request(plan.unit.kind, user_ids, plan.unit.max_examples_per_user,
                                    performance.grad_sample_mode, distributed)
@@ -372,10 +397,9 @@ class PrivacyEngine:
             raise
         if callable(getattr(private_loader, "add_hand_out_listener", None)):
             dp_optimizer.follow_loader(private_loader)
+            dp_optimizer.one_batch_per_step = plan.selection.kind == "cyclic_poisson"
         dp_optimizer.attach_step_hook(self._account_step)
-        if plan.selection.accounting == "shuffle" and not isinstance(self.accountant,
-                                                                      ShuffleAccountant):
-            self.accountant = get_accountant(self.accountant.name, "shuffle")
+        self.accountant = accountant_for(self.accountant, plan.accounting)
         self.optimizer, self.data_loader, self.dataset_size = dp_optimizer, private_loader, num_samples
         self.plan, self.performance = plan, performance
         self.privacy_unit = plan.unit.kind
@@ -568,6 +592,11 @@ class PrivacyEngine:
         non-Poisson sampling is allowed."""
         kind = plan.selection.kind
         self.poisson_sampling = kind == "poisson"
+        if kind == "cyclic_poisson":
+            return loader_class.from_data_loader(data_loader, sample_rate=plan.selection.sample_rate,
+                                                 groups=plan.selection.groups,
+                                                 generator=self.sampling_generator,
+                                                 secure=self.secure_mode)
         if kind == "shuffle":
             return loader_class.from_data_loader(data_loader, sample_rate=plan.selection.sample_rate,
                                                  generator=self.sampling_generator,

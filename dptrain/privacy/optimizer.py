@@ -81,6 +81,11 @@ class DPOptimizer(Optimizer):
             `dp_state_dict`.
     """
 
+    #: Refuse a step when the linked loader handed out more than one batch since the previous
+    #: step (set for cyclic Poisson sampling: a skipped batch would shift the groups against the
+    #: steps, and an example could take part in steps fewer than `groups` apart).
+    one_batch_per_step: bool = False
+
     def __init__(self, optimizer: Optimizer, noise_multiplier: float,
                  max_grad_norm: float | None, expected_batch_size: float,
                  clipper: Clipper | None = None, *, module: PerSampleSource, sample_rate: float,
@@ -284,6 +289,14 @@ class DPOptimizer(Optimizer):
                 "batch (the loop iterates the original DataLoader, or steps twice on one batch), "
                 "yet the accountant would charge it as one. Iterate the data loader returned by "
                 "make_private and call optimizer.step() once per batch.")
+        if self.one_batch_per_step and (self._batches_since_step or 0) > 1:
+            self._refuse(
+                f"the private data loader handed out {self._batches_since_step} batches since the "
+                "previous step, but with cyclic Poisson sampling step t must release the batch of "
+                "group t mod groups: a skipped batch would let an example take part in steps "
+                "closer than the groups apart, which the accounting of banded noise assumes "
+                "never happens. Call optimizer.step() once for every batch of the loader (an "
+                "empty batch included).")
         if self._earlier_sum_pending:
             self._refuse(
                 "the clipped sum accumulated by skipped steps (signal_skip_step) belongs to an "

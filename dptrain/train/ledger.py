@@ -30,6 +30,7 @@ from torch import nn
 
 from dptrain import __version__
 from dptrain.accounting import ACCOUNTANTS, compute_epsilon
+from dptrain.accounting.events import AccountingEvent
 from dptrain.accounting.history import (  # noqa: F401  (re-exported: the ledger's history API)
     History,
     history_from_json,
@@ -42,6 +43,7 @@ from dptrain.checks import default_delta  # noqa: F401  (re-exported: where it w
 from dptrain.distributed.consistency import flatten
 from dptrain.errors import ConfigError, DPTrainError
 from dptrain.io import atomic_write_json, json_safe
+from dptrain.privacy.plan import PrivacyPlan
 from dptrain.privacy.user_level import privacy_unit_of, user_level_mechanism
 from dptrain.train.job import TrainingJob
 from dptrain.train.ledger_check import edited_ledger_error, first_mismatch, record_mismatches
@@ -92,7 +94,8 @@ RENAMED_KEYS = {"privacy.reproducible_noise": "privacy.reproducible_mechanism"}
 # had, which means what the older config did}. A key at that value is hashed as absent, so those
 # runs still resume. privacy.sampling null defers to privacy.poisson_sampling, as before; the
 # privacy unit was one example, no dataset named users; the learning rate was constant.
-ADDED_KEYS: dict[str, Any] = {"privacy.sampling": None, "privacy.unit": "example",
+ADDED_KEYS: dict[str, Any] = {"privacy.sampling": None, "privacy.sampling_groups": None,
+                              "privacy.unit": "example",
                               "privacy.max_examples_per_user": None, "dataset.user_column": None,
                               "lr_schedule.kind": "constant"}
 
@@ -258,9 +261,10 @@ def same_config(recorded_hash: str, recorded: dict[str, Any], config: dict[str, 
 
 
 def epsilon_of(history: History, delta: float, accountant: str,
-               sampling: str = "poisson") -> float:
-    """Epsilon of `history` at `delta` under `accountant` for batches selected by `sampling`
-    (poisson | shuffle); 0.0 for an empty history.
+               sampling: str | AccountingEvent = "poisson") -> float:
+    """Epsilon of `history` at `delta` under `accountant` for steps charged as `sampling`
+    (poisson | shuffle, or the plan's AccountingEvent: `ledger_sampling`); 0.0 for an empty
+    history.
 
     Memoized (the ledger, the guard and the metrics ask for the same histories repeatedly).
     """
@@ -272,15 +276,29 @@ def epsilon_of(history: History, delta: float, accountant: str,
 
 @functools.lru_cache(maxsize=4096)
 def _cached_epsilon(history: tuple[tuple[float, float, int], ...], delta: float,
-                    accountant: str, sampling: str) -> float:
+                    accountant: str, sampling: str | AccountingEvent) -> float:
     return float(compute_epsilon(list(history), delta, accountant=accountant, sampling=sampling))
 
 
-def ledger_sampling(data: dict[str, Any]) -> str:
-    """How a ledger's history is accounted: "shuffle" for a shuffled run's plan, else "poisson"
-    (a version-1 ledger's runs used Poisson sampling)."""
-    plan = data.get("plan") or {}
-    return "shuffle" if plan.get("selection", {}).get("kind") == "shuffle" else "poisson"
+def ledger_sampling(data: dict[str, Any]) -> str | AccountingEvent:
+    """How a ledger's history is charged: the recorded plan's AccountingEvent (its selection,
+    sampling groups and noise strategy, rebuilt from the strategy's recorded parameters), or
+    "poisson" for a ledger without a plan (a version-1 ledger's runs used Poisson sampling)."""
+    plan = data.get("plan")
+    if not plan:
+        return "poisson"
+    return PrivacyPlan.from_dict(plan).accounting
+
+
+def accounting_record(data: dict[str, Any], history: History) -> dict[str, Any] | None:
+    """What the ledger records of how its history is charged when that is not plain DP-SGD
+    (cyclic Poisson sampling or correlated noise): the selection, groups, neighbouring
+    relation, whether amplified, the sensitivity of the noise strategy (units of clip) and the
+    participation schema (dptrain.accounting.events.AccountingEvent.describe); None otherwise."""
+    event = ledger_sampling(data)
+    if not isinstance(event, AccountingEvent) or event.plain:
+        return None
+    return event.describe(history)
 
 
 def best_checkpoint_selection(checkpoint: str, validation_size: int) -> dict[str, Any]:
@@ -517,6 +535,9 @@ class PrivacyLedger:
         self.data["committed_ahead"] = total - int(steps_completed)
         if self.private:
             self.data["epsilon"] = self._claim(history)
+            charge = accounting_record(self.data, history)
+            if charge is not None:
+                self.data["accounting"] = charge
 
     def _claim(self, history: History) -> float:
         return epsilon_of(history, self.data["delta"], self.data["accountant"],
@@ -610,6 +631,26 @@ def records_beyond_history(path: Path | str, data: dict[str, Any]) -> list[str]:
                                         ledger_sampling(data)))
 
 
+def accounting_mismatches(data: dict[str, Any], history: History) -> list[str]:
+    """The recorded `accounting` (sensitivity, participation schema) where it differs from the
+    one recomputed from the recorded plan and history, as one "accounting: ..." line; []
+    when they agree (or neither is recorded)."""
+    recorded, recomputed = data.get("accounting"), accounting_record(data, history)
+    if recorded is None and recomputed is None:
+        return []
+    if recorded is not None and recomputed is not None and all(
+            _same_value(recorded.get(k), v) for k, v in recomputed.items()):
+        return []
+    return [f"accounting: records {recorded!r}, the plan and history give {recomputed!r}"]
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal JSON values, floats to a relative 1e-9."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-9)
+    return a == b
+
+
 @dataclass
 class Verification:
     """Result of re-computing a ledger's epsilon with one accountant."""
@@ -649,10 +690,10 @@ def verify_ledger(path: Path | str, accountant: str | None = None,
     if name not in available_accountants():
         raise ConfigError(f"Unknown accountant {name!r} (--accountant); choose one of "
                           f"{available_accountants()}.")
-    recomputed = epsilon_of(history_from_json(data["history"]), data["delta"], name,
-                            ledger_sampling(data))
+    history = history_from_json(data["history"])
+    recomputed = epsilon_of(history, data["delta"], name, ledger_sampling(data))
     claimed = _claim_for(data, name)
-    records = records_beyond_history(path, data)
+    records = records_beyond_history(path, data) + accounting_mismatches(data, history)
     if claimed is None:
         message = f"no claim under {name!r} in the ledger; recomputed only"
         same = True
@@ -684,7 +725,9 @@ def mechanism(job: TrainingJob) -> dict[str, Any]:
         "privacy_unit": SHUFFLE_PRIVACY_UNIT if shuffled else PRIVACY_UNIT,
         "sampling": plan.selection.kind if plan.selection.kind != "given"
         else "the caller's loader (no amplification proof)",
-        "amplified": plan.selection.amplified,
+        # amplified by (cyclic) Poisson sampling: a noise column of at most `groups` bands
+        "amplified": plan.selection.amplified and plan.accounting.amplified(
+            plan.selection.groups + 1),
         "clipping": plan.clipping.kind,
         "max_grad_norm": list(norm) if isinstance(norm, tuple) else norm,
         "noise": "gaussian",

@@ -1,6 +1,6 @@
-"""make_private with a noise strategy: refused while no accountant charges it; once one does
-(the accounting seam, patched here), the strategy reaches the DP optimizer in hooks and ghost
-modes and its buffers go through the engine's checkpoint state exactly."""
+"""make_private with a noise strategy: its steps are charged by the matrix-factorization
+accounting of its own column (never as DP-SGD), the strategy reaches the DP optimizer in hooks
+and ghost modes and its buffers go through the engine's checkpoint state exactly."""
 
 from __future__ import annotations
 
@@ -10,9 +10,14 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dptrain
-from dptrain.errors import ConfigError
+from dptrain.accounting import compute_epsilon
+from dptrain.accounting.gdp import gdp_epsilon
+from dptrain.accounting.matrix_factorization import (
+    amplified_history,
+    cyclic_participation,
+    unamplified_mu,
+)
 from dptrain.privacy.noise import Banded, Blt, Independent
-from dptrain.privacy.noise import accounting
 from dptrain.train.checkpoint import load_checkpoint, save_checkpoint
 
 N, FEATURES, CLASSES = 32, 6, 3
@@ -36,7 +41,10 @@ def _train(private, steps):
     out = []
     batches = iter(private.data_loader)
     for _ in range(steps):
-        x, y = next(batches)
+        x, y = next(batches, (None, None))
+        if x is None:  # the epoch is over: the next one
+            batches = iter(private.data_loader)
+            x, y = next(batches)
         private.optimizer.zero_grad()
         nn.functional.cross_entropy(private.module(x), y).backward()
         private.optimizer.step()
@@ -45,18 +53,30 @@ def _train(private, steps):
     return out
 
 
-@pytest.fixture()
-def banded_accounted(monkeypatch):
-    """As if the matrix-factorization accounting had registered correlated noise."""
-    monkeypatch.setattr(accounting, "ACCOUNTED", accounting.ACCOUNTED | {
-        ("banded", "poisson"), ("blt", "poisson")})
+def test_a_banded_run_is_charged_as_amplified_banded_mf_of_its_column_not_as_dp_sgd():
+    strategy = Banded((1.0, 0.5))
+    private = _private(strategy)
+    _train(private, 6)
+    history, delta = private.engine.accountant.history, 1e-5
+    assert private.engine.plan.selection.groups == 2 and history == [(1.0, 0.25, 6)]
+    rounds = amplified_history(history, 2, strategy.toeplitz_column(6))
+    assert private.engine.get_epsilon(delta) == compute_epsilon(rounds, delta, "prv")
+    assert private.engine.get_epsilon(delta) != pytest.approx(
+        compute_epsilon(history, delta, "prv"), rel=0.01)
 
 
-@pytest.mark.parametrize("strategy", [Banded((1.0, 0.5)), Blt((0.9,), (0.3,))],
-                         ids=lambda s: s.name)
-def test_make_private_refuses_correlated_noise_no_accountant_charges(strategy):
-    with pytest.raises(ConfigError, match="no privacy accounting"):
-        _private(strategy)
+def test_a_blt_run_is_charged_by_its_min_separation_sensitivity_not_as_dp_sgd():
+    strategy = Blt((0.9,), (0.3,))
+    private = _private(strategy)
+    _train(private, 8)
+    history, delta = private.engine.accountant.history, 1e-5
+    groups = private.engine.plan.selection.groups
+    assert groups == 4 and history == [(1.0, 0.25, 8)]
+    mu = unamplified_mu(history, strategy.toeplitz_column(8),
+                        cyclic_participation(history, groups), 1.0)
+    assert private.engine.get_epsilon(delta) == gdp_epsilon(mu, delta)
+    assert private.engine.get_epsilon(delta) != pytest.approx(
+        compute_epsilon(history, delta, "prv"), rel=0.01)
 
 
 def test_make_private_defaults_to_independent_noise():
@@ -66,7 +86,7 @@ def test_make_private_defaults_to_independent_noise():
 
 
 @pytest.mark.parametrize("mode", ["hooks", "ghost"])
-def test_the_plans_strategy_drives_the_optimizers_noise(banded_accounted, mode):
+def test_the_plans_strategy_drives_the_optimizers_noise(mode):
     strategy = Banded((1.0, 0.5, 0.25))
     private = _private(strategy, grad_sample_mode=mode)
     assert private.engine.plan.noise.strategy == strategy
@@ -79,8 +99,7 @@ def test_the_plans_strategy_drives_the_optimizers_noise(banded_accounted, mode):
 
 @pytest.mark.parametrize("strategy", [Banded((1.0, 0.5, 0.25)), Blt((0.9, 0.4), (0.3, 0.2))],
                          ids=lambda s: s.name)
-def test_a_run_resumed_from_a_checkpoint_continues_as_if_uninterrupted(banded_accounted,
-                                                                       strategy, tmp_path):
+def test_a_run_resumed_from_a_checkpoint_continues_as_if_uninterrupted(strategy, tmp_path):
     whole = _train(_private(strategy), 4)
     first = _private(strategy)
     _train(first, 2)
@@ -102,7 +121,7 @@ def test_a_run_resumed_from_a_checkpoint_continues_as_if_uninterrupted(banded_ac
     assert torch.equal(after, whole[-1])
 
 
-def test_the_released_model_holds_no_noise_buffer(banded_accounted):
+def test_the_released_model_holds_no_noise_buffer():
     private = _private(Banded((1.0, 0.5)))
     _train(private, 2)
     assert set(private.module._module.state_dict()) == {"0.weight", "0.bias", "2.weight",

@@ -13,12 +13,15 @@ from dptrain.privacy.noise import Banded, Blt, Independent, strategy_for, strate
 from dptrain.privacy.noise import toeplitz
 from dptrain.privacy.noise.banded import sqrt_prefix_coefficients
 from dptrain.privacy.noise.blt import blt_loss
-from dptrain.privacy.plan import Clipping, Noise, PrivacyPlan, Selection, calibrated
+from dptrain.accounting import get_noise_multiplier
+from dptrain.privacy.plan import Clipping, Noise, PrivacyPlan, Selection, calibrated, selection_for
 
 
 def _plan(strategy, **noise):
-    return PrivacyPlan(selection=Selection(sample_rate=0.1), clipping=Clipping(1.0),
-                       noise=Noise(multiplier=1.0, strategy=strategy, **noise), delta=1e-5)
+    """A plan with `strategy` and the batch selection it picks (q = 0.1)."""
+    noise = Noise(multiplier=1.0, strategy=strategy, **noise)
+    return PrivacyPlan(selection=selection_for(noise, 0.1), clipping=Clipping(1.0), noise=noise,
+                       delta=1e-5)
 
 
 # -- columns and recorded form -----------------------------------------------------------------
@@ -84,17 +87,22 @@ def test_correlated_noise_refuses_what_changes_its_std_from_step_to_step(noise, 
 
 @pytest.mark.parametrize("strategy", [Banded((1.0, 0.5)), Blt((0.9,), (0.3,))],
                          ids=lambda s: s.name)
-def test_correlated_noise_is_never_charged_as_dp_sgd(strategy):
-    with pytest.raises(ConfigError, match="no privacy accounting"):
-        _plan(strategy).require_accounting()
-    target = PrivacyPlan(selection=Selection(sample_rate=0.1), clipping=Clipping(1.0),
+def test_sigma_for_correlated_noise_is_calibrated_by_its_own_accounting_not_dp_sgds(strategy):
+    plan = _plan(strategy)
+    target = PrivacyPlan(selection=plan.selection, clipping=Clipping(1.0),
                          noise=Noise(target_epsilon=3.0, strategy=strategy), delta=1e-5)
-    with pytest.raises(ConfigError, match="no privacy accounting"):
-        calibrated(target, epochs=1)
+    sigma = calibrated(target, epochs=2).noise.multiplier
+    assert plan.accounting.strategy == strategy and not plan.accounting.plain
+    assert sigma == get_noise_multiplier(target_epsilon=3.0, target_delta=1e-5, sample_rate=0.1,
+                                         epochs=2, accountant="prv", sampling=plan.accounting)
+    assert sigma != pytest.approx(get_noise_multiplier(
+        target_epsilon=3.0, target_delta=1e-5, sample_rate=0.1, epochs=2, accountant="prv"),
+        rel=0.02)
 
 
-def test_independent_noise_stays_accounted():
-    _plan(Independent()).require_accounting()
+def test_independent_noise_is_charged_as_dp_sgd():
+    assert _plan(Independent()).accounting.plain
+    assert _plan(Independent()).accounting.strategy is None
 
 
 @pytest.mark.parametrize("kwargs,key", [({"kind": "banded"}, "noise_bands"),
