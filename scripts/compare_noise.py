@@ -4,7 +4,7 @@
 Every mechanism trains the digits MLP (64 -> 64 -> 10, dptrain/conf/model/digits_mlp.yaml) on the
 1,442 training digits we ship (dptrain/data/datasets/digits.py) for the SAME number of steps
 (`--epochs` epochs of ceil(1 / q) steps, q = batch size / N) with sigma calibrated so that the run
-spends the SAME epsilon at delta = 1e-4 (the default 1 / (10 N) rounded down) with the PRV
+spends the SAME epsilon at delta = 1e-5 (dptrain's default 1 / (10 N) rounded down) with the PRV
 accountant, each by its own accounting (dptrain.accounting.events):
 
     dpsgd        independent noise, Poisson sampling (amplified DP-SGD)
@@ -121,7 +121,7 @@ def table(results: dict[str, Any], names: list[str], epsilons: list[float]) -> s
 
 
 def figure(results: dict[str, Any], names: list[str], epsilons: list[float], path: str,
-           title: str) -> None:
+           title: str, delta: float) -> None:
     """Test accuracy against epsilon (log scale), one line per mechanism, error bars = std."""
     import matplotlib
     matplotlib.use("Agg")
@@ -134,13 +134,29 @@ def figure(results: dict[str, Any], names: list[str], epsilons: list[float], pat
                     marker="o", capsize=3, label=name)
     ax.set_xscale("log", base=2)
     ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
-    ax.set_xlabel("epsilon (delta = 1e-4)")
+    ax.set_xlabel(f"epsilon (delta = {delta:g})")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def replot(args: argparse.Namespace) -> None:
+    """The table and figure of a --json file written by an earlier run."""
+    with open(args.replot) as handle:
+        results = json.load(handle)
+    setup_ = results["setup"]
+    keys = [k for k in results if "@" in k]
+    names = list(dict.fromkeys(k.split("@")[0] for k in keys))
+    epsilons = sorted({float(k.split("@")[1]) for k in keys})
+    print(table(results, names, epsilons))
+    if args.figure:
+        seeds = len(results[keys[0]]["accuracy"])
+        figure(results, names, epsilons, args.figure,
+               f"digits MLP, {setup_['steps']} steps ({setup_['epochs']} epochs, batch "
+               f"{setup_['batch_size']}), {seeds} seeds", setup_["delta"])
 
 
 def main() -> None:
@@ -155,7 +171,13 @@ def main() -> None:
     parser.add_argument("--clip", type=float, default=1.0)
     parser.add_argument("--json", default=None)
     parser.add_argument("--figure", default=None)
+    parser.add_argument("--replot", default=None,
+                        help="a --json file written before: print its table and draw --figure "
+                        "from it without training")
     args = parser.parse_args()
+    if args.replot:
+        replot(args)
+        return
     torch.set_num_threads(1)
     splits = load_dataset("digits")
     n = len(splits.train)
@@ -188,7 +210,7 @@ def main() -> None:
     if args.figure:
         figure(results, names, args.epsilons, args.figure,
                f"digits MLP, {steps} steps ({args.epochs} epochs, batch {args.batch_size}), "
-               f"{args.seeds} seeds")
+               f"{args.seeds} seeds", args.delta)
 
 
 if __name__ == "__main__":

@@ -48,3 +48,16 @@ def test_sgd_momentum_is_the_workload_correlated_noise_is_optimised_for():
     params = [torch.nn.Parameter(torch.zeros(2))]
     assert sgd_momentum(torch.optim.SGD(params, lr=0.1, momentum=0.9)) == 0.9
     assert sgd_momentum(torch.optim.Adam(params, lr=0.1)) == 0.0
+
+
+def test_banded_noise_alone_is_sampled_in_as_many_cyclic_groups_as_bands():
+    request = PrivacyRequest.parse({**SIGMA, "noise": "banded", "noise_bands": 3})
+    selection = request.plan(0.1, 1e-5, steps=30).selection
+    assert (selection.kind, selection.groups) == ("cyclic_poisson", 3)
+
+
+def test_blt_noise_alone_is_sampled_once_every_floor_one_over_q_steps_and_optimised_for_it():
+    request = PrivacyRequest.parse({**SIGMA, "noise": "blt"})
+    plan = request.plan(0.03, 1e-5, steps=100)
+    assert (plan.selection.kind, plan.selection.groups) == ("cyclic_poisson", 33)
+    assert plan.noise.strategy == Blt.optimised(3, 100, min_sep=33, max_participations=4)

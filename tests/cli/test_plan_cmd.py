@@ -130,3 +130,21 @@ def test_a_shuffled_plan_is_answered_with_the_composed_gaussian_under_every_acco
                  "--epochs", "3", "--sampling", "shuffle", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["results"]
     assert {row["epsilon"] for row in rows} == {shuffle_epsilon([(1.0, 0.1, 30)], 1e-4)}
+
+
+@pytest.mark.parametrize("noise", [["--noise", "banded", "--noise-bands", "4"], ["--noise", "blt"]],
+                         ids=["banded", "blt"])
+def test_sigma_for_correlated_noise_is_the_one_privacy_epsilon_calibrates(noise, capsys):
+    from dptrain.cli.privacy_request import PrivacyRequest
+    from dptrain.privacy.plan import calibrated
+
+    assert main(["sigma", "--target-epsilon", "3", "--batch-size", "64", "--dataset-size", "1442",
+                 "--epochs", "2", "--accountant", "prv", "--json", *noise]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    keys = {"noise": noise[1], **({"noise_bands": 4} if noise[1] == "banded" else {})}
+    request = PrivacyRequest.parse({"name": "epsilon", "target_epsilon": 3.0, **keys})
+    plan = calibrated(request.plan(64 / 1442, 1e-5, steps=46), epochs=2)
+    assert answer["inputs"]["sampling"] == "cyclic_poisson"
+    assert answer["inputs"]["sampling_groups"] == plan.selection.groups
+    assert answer["inputs"]["noise"] == plan.noise.strategy.to_dict()
+    assert answer["results"][0]["noise_multiplier"] == plan.noise.multiplier

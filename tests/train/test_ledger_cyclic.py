@@ -13,7 +13,15 @@ from test_trainer_support import Killed, crash_at_call, final_weights, make_job,
 
 from dptrain.accounting import compute_epsilon
 from dptrain.accounting.events import AccountingEvent
+from dptrain.accounting.gdp import gdp_epsilon
+from dptrain.accounting.matrix_factorization import (
+    amplified_history,
+    cyclic_participation,
+    sensitivity,
+    unamplified_mu,
+)
 from dptrain.errors import ConfigError
+from dptrain.privacy.noise import Banded, Blt
 from dptrain.train.ledger import history_from_json, load_ledger, verify_ledger
 from dptrain.train.loop import train
 
@@ -93,3 +101,74 @@ def test_a_cyclic_run_resumed_from_a_checkpoint_replays_its_groups_exactly(tmp_p
     assert all(torch.equal(a, b) for a, b in zip(final_weights(resumed).values(),
                                                  final_weights(whole).values()))
     assert load_ledger(tmp_path / "resumed")["history"] == load_ledger(tmp_path / "whole")["history"]
+
+
+# -- correlated noise: the strategy's parameters, its sensitivity and participation schema ------
+CORRELATED = {"banded": Banded((1.0, 0.5, 0.25)), "blt": Blt((0.9,), (0.3,))}
+
+
+@pytest.fixture(scope="module", params=sorted(CORRELATED))
+def correlated_run(request: pytest.FixtureRequest,
+                   tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    folder = tmp_path_factory.mktemp(request.param)
+    train(make_job(engine_kwargs={"noise_strategy": CORRELATED[request.param]}),
+          make_settings(folder, epochs=2))
+    return request.param, folder
+
+
+def test_a_correlated_runs_ledger_records_its_strategy_sensitivity_and_participation(
+        correlated_run: tuple[str, Path]) -> None:
+    name, folder = correlated_run
+    data = load_ledger(folder)
+    strategy, steps = CORRELATED[name], sum(run["steps"] for run in data["history"])
+    groups = data["plan"]["selection"]["groups"]
+    assert data["plan"]["noise"]["strategy"] == strategy.to_dict()
+    assert data["plan"]["selection"]["kind"] == "cyclic_poisson"
+    if name == "banded":
+        assert groups == 3 and data["accounting"]["amplified"]
+        assert data["accounting"]["sensitivity"] == pytest.approx(1.0)
+    else:
+        history = history_from_json(data["history"])
+        schema = cyclic_participation(history, groups)
+        assert not data["accounting"]["amplified"]
+        assert data["accounting"]["participation"] == schema.to_dict()
+        assert data["accounting"]["sensitivity"] == sensitivity(
+            strategy.toeplitz_column(steps), schema) > 1.0
+
+
+def test_the_verifier_recomputes_a_correlated_runs_epsilon_from_its_column(
+        correlated_run: tuple[str, Path]) -> None:
+    name, folder = correlated_run
+    data = load_ledger(folder)
+    history = history_from_json(data["history"])
+    steps = sum(n for _, _, n in history)
+    groups = data["plan"]["selection"]["groups"]
+    column = CORRELATED[name].toeplitz_column(steps)
+    if name == "banded":
+        expected = compute_epsilon(amplified_history(history, groups, column), data["delta"],
+                                   "rdp")
+    else:
+        mu = unamplified_mu(history, column, cyclic_participation(history, groups), 1.0)
+        expected = gdp_epsilon(mu, data["delta"])
+    result = verify_ledger(folder)
+    assert result.ok and result.recomputed == data["epsilon"] == pytest.approx(expected,
+                                                                              rel=1e-12)
+    assert expected != pytest.approx(compute_epsilon(history, data["delta"], "rdp"), rel=0.01)
+
+
+def test_a_ledger_whose_noise_strategy_was_edited_fails_verification(
+        correlated_run: tuple[str, Path], tmp_path: Path) -> None:
+    name, folder = correlated_run
+
+    def other_strategy(data):  # banded: one band more than its groups; BLT: half its correlation
+        strategy = data["plan"]["noise"]["strategy"]
+        if name == "banded":
+            strategy["coefficients"].append(0.1)
+        else:
+            strategy["output_scale"] = [v / 2 for v in strategy["output_scale"]]
+    edited = _edited(folder, tmp_path, other_strategy)
+    if name == "banded":  # the recorded plan itself no longer holds
+        with pytest.raises(ConfigError, match="noise=banded with 4 bands"):
+            verify_ledger(edited)
+    else:
+        assert not verify_ledger(edited).ok
