@@ -6,7 +6,10 @@ forward, backward, per-sample clipping, noise, SGD step) is timed with each nois
 same weights and batch: independent (DP-SGD), banded with ``--bands`` bands and BLT with
 ``--buffers`` buffers (both optimised for ``--horizon`` steps). The strategies' steps are
 interleaved round-robin after a warm-up of ``--warmup`` steps (which also fills the buffers),
-and the median of ``--steps`` steps of each is kept. Memory: the noise generator's buffers
+and the median of ``--steps`` steps of each is kept. As whole-step times on a busy machine vary by
+several percent, the noise of one step is also timed alone (`noise_only_ms`: every parameter's
+draw through the generator), and its extra time over independent noise is reported as a share of
+an independent-noise step ("added %"). Memory: the noise generator's buffers
 (bytes held between steps, and their ratio to the trainable parameters' bytes), and on CUDA the
 peak allocated memory of each strategy's steps (``torch.cuda.max_memory_allocated``, reset
 before each).
@@ -105,6 +108,7 @@ def measure(name: str, size: str, batch: int, device: str, chosen: dict[str, Any
                 times[key].append(time.perf_counter() - start)
                 if device.startswith("cuda"):
                     peaks[key] = max(peaks[key], torch.cuda.max_memory_allocated())
+    noise_ms = {key: noise_only_ms(optimizer, warmup, steps) for key, (_, optimizer) in runs.items()}
     out = {}
     for key, (_, optimizer) in runs.items():
         held = optimizer.noise_generator_state.buffers
@@ -112,8 +116,27 @@ def measure(name: str, size: str, batch: int, device: str, chosen: dict[str, Any
                     "buffer_bytes": sum(b.numel() * b.element_size()
                                         for bufs in held.values() for b in bufs),
                     "param_bytes": sum(p.numel() * p.element_size() for p in optimizer.params),
-                    "peak_bytes": peaks[key]}
+                    "peak_bytes": peaks[key], "noise_ms": noise_ms[key]}
     return out
+
+
+def noise_only_ms(optimizer: DPOptimizer, warmup: int, steps: int) -> float:
+    """Median ms of the noise of one step alone (every parameter's draw through the strategy's
+    generator, a copy of the optimizer's so its state is left alone): the part of the step a
+    strategy changes, less disturbed by a busy machine than whole steps."""
+    generator = optimizer.noise_strategy.generator()
+    params = optimizer.params
+    device = params[0].device.type if params else "cpu"
+    times = []
+    for round_ in range(warmup + steps):
+        _sync(device)
+        start = time.perf_counter()
+        for key, p in enumerate(params):
+            generator(key, optimizer._noise_draw(p, 1.0))
+        _sync(device)
+        if round_ >= warmup:
+            times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -132,15 +155,18 @@ def main(argv: list[str] | None = None) -> None:
     chosen = strategies(args.bands, args.buffers, args.horizon)
     results = {}
     print(f"device {args.device}, batch {BATCH[args.size]}, median of {args.steps} steps")
-    print(f"{'model':16} {'strategy':12} {'step ms':>9} {'x indep':>8} {'buffers MB':>11} "
-          f"{'x params':>9} {'peak MB':>9}")
+    print(f"{'model':16} {'strategy':12} {'step ms':>9} {'x indep':>8} {'noise ms':>9} "
+          f"{'added %':>8} {'buffers MB':>11} {'x params':>9} {'peak MB':>9}")
     for name in args.models:
         figures = measure(name, args.size, BATCH[args.size], args.device, chosen,
                           args.warmup, args.steps)
-        base = figures["independent"]["step_ms"]
+        base = figures["independent"]
         for key, f in figures.items():
-            f["time_ratio"] = f["step_ms"] / base
+            f["time_ratio"] = f["step_ms"] / base["step_ms"]
+            # the noise's extra time as a share of an independent-noise step
+            f["added_pct"] = 100 * (f["noise_ms"] - base["noise_ms"]) / base["step_ms"]
             print(f"{name:16} {key:12} {f['step_ms']:9.2f} {f['time_ratio']:8.3f} "
+                  f"{f['noise_ms']:9.2f} {f['added_pct']:8.2f} "
                   f"{f['buffer_bytes'] / 2**20:11.2f} {f['buffer_bytes'] / f['param_bytes']:9.2f} "
                   f"{f['peak_bytes'] / 2**20:9.1f}")
         results[name] = figures

@@ -113,6 +113,9 @@ def table(results: dict[str, Any], names: list[str], epsilons: list[float]) -> s
     for eps in epsilons:
         cells = []
         for name in names:
+            if f"{name}@{eps:g}" not in results:  # an interrupted study
+                cells.append("not run")
+                continue
             acc = [100 * a for a in results[f"{name}@{eps:g}"]["accuracy"]]
             sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
             cells.append(f"{statistics.mean(acc):.1f} +- {sd:.1f}")
@@ -128,8 +131,9 @@ def figure(results: dict[str, Any], names: list[str], epsilons: list[float], pat
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
     for name in names:
-        acc = [[100 * a for a in results[f"{name}@{e:g}"]["accuracy"]] for e in epsilons]
-        ax.errorbar(epsilons, [statistics.mean(a) for a in acc],
+        done = [e for e in epsilons if f"{name}@{e:g}" in results]
+        acc = [[100 * a for a in results[f"{name}@{e:g}"]["accuracy"]] for e in done]
+        ax.errorbar(done, [statistics.mean(a) for a in acc],
                     yerr=[statistics.stdev(a) if len(a) > 1 else 0 for a in acc],
                     marker="o", capsize=3, label=name)
     ax.set_xscale("log", base=2)
@@ -202,6 +206,9 @@ def main() -> None:
             print(f"{name:>9} eps={eps:g} sigma={sigma:.3f} groups={selection.groups} "
                   f"acc={statistics.mean(a for a, _ in runs):.3f} "
                   f"spent={max(e for _, e in runs):.3f}", flush=True)
+            if args.json:  # after every point, so that an interrupted study keeps its numbers
+                with open(args.json, "w") as handle:
+                    json.dump(results, handle, indent=1)
         print(f"  ({name}: {time.perf_counter() - start:.0f} s)", flush=True)
     print(table(results, names, args.epsilons))
     if args.json:

@@ -193,8 +193,8 @@ class DPSGDConfig(PrivacyConfig):
     clipping: str = "flat"
     grad_sample_mode: str = "hooks"
     sampling: Optional[str] = None      # poisson | shuffle | cyclic_poisson; null: privacy.noise
-                                        # (banded: cyclic_poisson) or privacy.poisson_sampling decides
-    sampling_groups: Optional[int] = None   # cyclic_poisson: groups (null: the banded noise's bands)
+                                        # (banded, blt: cyclic_poisson) or privacy.poisson_sampling decides
+    sampling_groups: Optional[int] = None   # cyclic_poisson: groups (null: bands; BLT: floor(1/q))
     poisson_sampling: bool = True       # the older name of sampling (false: shuffle)
     secure_mode: bool = False
     reproducible_mechanism: bool = False

@@ -320,11 +320,15 @@ class DPOptimizer(Optimizer):
         """The noise for parameter `p` at this step: the i.i.d. draw N(0, std^2) of p's shape in
         float32/64 on p's device, passed through the noise strategy's generator ((C^{-1} Z)_t;
         independent noise: the draw itself). A fresh tensor the caller may write into."""
-        dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
-        draw = gaussian_noise(p.shape, std, self.noise_generator, self.secure_mode,
-                              device=p.device, dtype=dtype)
         key = self._noise_keys.setdefault(id(p), len(self._noise_keys))
-        return self.noise_generator_state(key, draw)
+        return self.noise_generator_state(key, self._noise_draw(p, std))
+
+    def _noise_draw(self, p: nn.Parameter, std: float) -> Tensor:
+        """The i.i.d. draw Z_t for `p`: N(0, std^2) of p's shape, float32 (float64 for float64
+        parameters), on p's device, from the noise generator or the OS CSPRNG."""
+        dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
+        return gaussian_noise(p.shape, std, self.noise_generator, self.secure_mode,
+                              device=p.device, dtype=dtype)
 
     def _scalar_noise(self, std: float) -> float:
         """One N(0, std^2) draw from the same source as the gradient noise (adaptive count)."""
