@@ -35,6 +35,7 @@ from dptrain.data.sampling import (
     dataset_size,
     default_sample_rate,
 )
+from dptrain.distributed.consistency import check_same_on_every_rank
 from dptrain.distributed.runtime import broadcast_object, get_rank, get_world_size, sync_generator
 from dptrain.errors import ConfigError
 from dptrain.randomness import make_generator, secure_seed, uniform
@@ -234,6 +235,9 @@ class DistributedCyclicPoissonDataLoader(CyclicPoissonDataLoader):
                  secure: bool = False, collate_fn: Any = None, **loader_kwargs: Any) -> None:
         check_same_sampling(len(dataset), sample_rate, steps, secure, False, group=group,
                             reproducible=generator is not None and not secure)
+        check_same_on_every_rank({"sampling_groups": groups}, "the cyclic Poisson loader",
+                                 "every rank must split the data into the same number of groups "
+                                 "(privacy.sampling_groups).", group=group)
         sampler = DistributedCyclicPoissonBatchSampler(
             len(dataset), sample_rate, groups, rank=get_rank(group) if rank is None else rank,
             world_size=get_world_size(group) if world_size is None else world_size, steps=steps,
