@@ -112,11 +112,6 @@ class Selection:
                               "privacy.sampling=cyclic_poisson, or drop privacy.sampling_groups.")
 
     @property
-    def group_rate(self) -> float:
-        """q_group = groups * q: the sample rate of the group whose turn it is (q for Poisson)."""
-        return min(1.0, self.groups * self.sample_rate)
-
-    @property
     def steps_per_epoch(self) -> int:
         """Steps in one epoch: ceil(1 / q) (the sampler's, the trainer's and the planner's)."""
         return steps_per_epoch(self.sample_rate)
