@@ -340,7 +340,7 @@ def check_selection_fits_noise(selection: Selection, noise: Noise) -> None:
             f"{bands} groups), or set privacy.sampling=cyclic_poisson "
             f"privacy.sampling_groups={bands} (or more), or privacy.sampling=shuffle "
             "(accounted without amplification).")
-    if noise_strategy(noise) is not None and selection.kind == "given":
+    if selection.kind == "given" and AccountingEvent(strategy=noise_strategy(noise)).correlated:
         raise ConfigError(
             "correlated noise (privacy.noise other than independent) needs batches dptrain "
             "selects itself: with the caller's own loader (poisson_sampling=False) no "

@@ -76,6 +76,26 @@ def test_more_groups_than_bands_and_shuffled_batches_are_accepted_with_banded_no
     assert not _plan(Selection(0.01, "shuffle"), noise).accounting.amplified(100)
 
 
+@dataclass(frozen=True)
+class Independent:
+    """A test independent strategy: c = (1, 0, ...)."""
+
+    name: str = "independent"
+
+    def toeplitz_column(self, num_steps: int) -> np.ndarray:
+        return np.eye(1, num_steps).ravel()
+
+    def to_dict(self) -> dict:
+        return {"name": self.name}
+
+
+def test_the_callers_own_loader_takes_independent_noise_but_not_correlated_noise():
+    given = Selection(0.01, "given")
+    assert _plan(given, StrategyNoise(multiplier=1.0, strategy=Independent())).accounting.plain
+    with pytest.raises(ConfigError, match="correlated noise"):
+        _plan(given, StrategyNoise(multiplier=1.0, strategy=Banded(2, name="blt-like")))
+
+
 def test_groups_times_q_above_one_is_refused_naming_sampling_groups():
     with pytest.raises(ConfigError, match="privacy.sampling_groups"):
         Selection(0.3, "cyclic_poisson", None, 4)
