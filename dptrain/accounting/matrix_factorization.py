@@ -28,7 +28,7 @@ contributions equal) and when the columns of pi are orthogonal. Two schemas (`Pa
     between them (for nonnegative non-increasing columns G is largest at the closest, earliest
     pair; for b-banded columns with b <= k only neighbouring blocks interact).
 
-Epsilon (three events, `correlated_epsilon`):
+Epsilon (three events; `dptrain.accounting.events.CorrelatedNoiseAccountant` picks one):
 
 * **Amplified (Choquette-Choo et al. 2023, "Amplified banded matrix factorization").** Cyclic
   Poisson sampling with b groups (group t mod b Poisson-sampled at step t with rate q_group) and

@@ -167,6 +167,10 @@ def resolve_horizon(args: argparse.Namespace) -> Horizon:
         POSITIVE_NUMBER.check(args.epochs, "--epochs")
     if args.sampling_groups is not None and args.sampling not in (None, "cyclic_poisson"):
         raise PrivacyError("--sampling-groups needs --sampling cyclic_poisson")
+    if args.sampling_groups is not None and args.sampling_groups * q > 1 + 1e-12:
+        raise PrivacyError(f"--sampling-groups={args.sampling_groups} with q={q:g}: each group "
+                           f"would be sampled at {args.sampling_groups * q:g} > 1; use at most "
+                           f"{int(1 / q)} groups")
     return Horizon(q, steps_for(q, args.steps, args.epochs), delta, args.sampling,
                    args.sampling_groups, args.noise, args.noise_bands, args.noise_buffers)
 

@@ -35,6 +35,7 @@ from dptrain.data.sampling import (
     dataset_size,
     default_sample_rate,
 )
+from dptrain.distributed.consistency import check_same_on_every_rank
 from dptrain.distributed.runtime import broadcast_object, get_rank, get_world_size, sync_generator
 from dptrain.errors import ConfigError
 from dptrain.randomness import make_generator, secure_seed, uniform
@@ -50,18 +51,22 @@ def partition(num_samples: int, groups: int, seed: int) -> torch.Tensor:
     return group
 
 
-def check_groups(groups: Any, sample_rate: float, num_samples: int) -> int:
-    """The number of groups; ConfigError naming privacy.sampling_groups unless 1 <= groups <= N
-    and groups * q <= 1."""
+def check_groups(groups: Any, sample_rate: float, num_samples: int | None = None) -> int:
+    """The number of groups; ConfigError naming privacy.sampling_groups unless it is an integer
+    >= 1 with groups * q <= 1 (each group sampled at rate groups * q) and, when N is given,
+    groups <= N (every group holds an example)."""
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-        raise ConfigError(f"privacy.sampling_groups={groups!r} must be an integer >= 1.")
-    if groups > num_samples:
+        raise ConfigError(f"privacy.sampling_groups={groups!r} must be an integer >= 1 (the "
+                          "number of groups of cyclic Poisson sampling).")
+    if num_samples is not None and groups > num_samples:
         raise ConfigError(f"privacy.sampling_groups={groups} exceeds the {num_samples} examples: "
                           "every group needs an example. Use fewer groups.")
     if groups * sample_rate > 1.0 + 1e-12:
-        raise ConfigError(f"privacy.sampling_groups={groups} with sample rate {sample_rate:.4g}: "
-                          f"each group would be sampled at {groups * sample_rate:.4g} > 1. Use "
-                          "fewer groups or a smaller batch size.")
+        raise ConfigError(
+            f"privacy.sampling_groups={groups} with sample rate q={sample_rate:.4g}: each group "
+            f"would be sampled at groups * q = {groups * sample_rate:.4g} > 1. The expected batch "
+            f"size q N must fit in one group of N / groups examples: use at most "
+            f"{int(1 / sample_rate)} groups or a smaller batch size.")
     return groups
 
 
@@ -230,6 +235,9 @@ class DistributedCyclicPoissonDataLoader(CyclicPoissonDataLoader):
                  secure: bool = False, collate_fn: Any = None, **loader_kwargs: Any) -> None:
         check_same_sampling(len(dataset), sample_rate, steps, secure, False, group=group,
                             reproducible=generator is not None and not secure)
+        check_same_on_every_rank({"sampling_groups": groups}, "the cyclic Poisson loader",
+                                 "every rank must split the data into the same number of groups "
+                                 "(privacy.sampling_groups).", group=group)
         sampler = DistributedCyclicPoissonBatchSampler(
             len(dataset), sample_rate, groups, rank=get_rank(group) if rank is None else rank,
             world_size=get_world_size(group) if world_size is None else world_size, steps=steps,

@@ -34,6 +34,7 @@ from dptrain.checks import (
     default_delta,
     one_of,
 )
+from dptrain.data.cyclic_sampling import check_groups
 from dptrain.data.user_sampling import check_max_examples_per_user
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import CLIPPING_MODES
@@ -103,26 +104,13 @@ class Selection:
         self._check_groups()
 
     def _check_groups(self) -> None:
-        """ConfigError naming privacy.sampling_groups unless it is a count that fits q."""
-        groups = self.groups
-        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-            raise ConfigError(f"privacy.sampling_groups={groups!r} must be an integer >= 1 (the "
-                              "number of groups of cyclic Poisson sampling).")
-        if groups > 1 and self.kind != "cyclic_poisson":
-            raise ConfigError(f"privacy.sampling_groups={groups} splits the data for cyclic "
+        """ConfigError naming privacy.sampling_groups unless it is a count that fits q and the
+        selection is cyclic Poisson when it is above 1."""
+        check_groups(self.groups, self.sample_rate)
+        if self.groups > 1 and self.kind != "cyclic_poisson":
+            raise ConfigError(f"privacy.sampling_groups={self.groups} splits the data for cyclic "
                               f"Poisson sampling, not for privacy.sampling={self.kind}: set "
                               "privacy.sampling=cyclic_poisson, or drop privacy.sampling_groups.")
-        if groups * self.sample_rate > 1.0 + 1e-12:
-            raise ConfigError(
-                f"privacy.sampling_groups={groups} with sample rate q={self.sample_rate:.4g}: each "
-                f"group would be sampled at groups * q = {groups * self.sample_rate:.4g} > 1. The "
-                "expected batch size q N must fit in one group of N / groups examples: use at "
-                f"most {int(1 / self.sample_rate)} groups or a smaller batch size.")
-
-    @property
-    def group_rate(self) -> float:
-        """q_group = groups * q: the sample rate of the group whose turn it is (q for Poisson)."""
-        return min(1.0, self.groups * self.sample_rate)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -392,7 +380,7 @@ def check_selection_fits_noise(selection: Selection, noise: Noise) -> None:
             f"{bands} groups), or set privacy.sampling=cyclic_poisson "
             f"privacy.sampling_groups={bands} (or more), or privacy.sampling=shuffle "
             "(accounted without amplification).")
-    if noise_strategy(noise) is not None and selection.kind == "given":
+    if selection.kind == "given" and AccountingEvent(strategy=noise_strategy(noise)).correlated:
         raise ConfigError(
             "correlated noise (privacy.noise other than independent) needs batches dptrain "
             "selects itself: with the caller's own loader (poisson_sampling=False) no "

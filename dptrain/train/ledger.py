@@ -14,6 +14,7 @@ so `verify_ledger` can recompute them exactly. `run_ledger` describes a Training
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import functools
 import hashlib
@@ -300,7 +301,14 @@ def accounting_record(data: dict[str, Any], history: History) -> dict[str, Any] 
     event = ledger_sampling(data)
     if not isinstance(event, AccountingEvent) or event.plain:
         return None
-    return event.describe(history)
+    key = tuple((float(s), float(q), int(n)) for s, q, n in history)
+    return copy.deepcopy(_cached_describe(event, key))
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_describe(event: AccountingEvent,
+                     history: tuple[tuple[float, float, int], ...]) -> dict[str, Any]:
+    return event.describe(list(history))
 
 
 def best_checkpoint_selection(checkpoint: str, validation_size: int) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import dptrain
 from dptrain.accounting import compute_epsilon, get_noise_multiplier
 from dptrain.accounting.events import AccountingEvent
 from dptrain.errors import ConfigError, PrivacyError
-from dptrain.privacy.noise import Banded, Blt
+from dptrain.privacy.noise import Banded, Blt, Independent
 from dptrain.privacy.plan import (
     Clipping,
     Noise,
@@ -67,6 +67,14 @@ def test_more_groups_than_bands_and_shuffled_batches_are_accepted_with_banded_no
     noise = Noise(multiplier=1.0, strategy=_banded(4))
     assert _plan(Selection(0.01, "cyclic_poisson", None, 8), noise).accounting.amplified(100)
     assert not _plan(Selection(0.01, "shuffle"), noise).accounting.amplified(100)
+
+
+def test_the_callers_own_loader_takes_independent_noise_but_not_correlated_noise():
+    given = Selection(0.01, "given")
+    assert _plan(given, Noise(multiplier=1.0, strategy=Independent())).accounting.plain
+    for strategy in (_banded(2), _blt()):
+        with pytest.raises(ConfigError, match="correlated noise"):
+            _plan(given, Noise(multiplier=1.0, strategy=strategy))
 
 
 def test_groups_times_q_above_one_is_refused_naming_sampling_groups():
