@@ -305,7 +305,8 @@ class PrivacyEngine:
                 clipbound_learning_rate=clipbound_learning_rate, count_noise_std=count_noise_std,
                 noise_generator=noise_generator, privacy_unit=privacy_unit, user_ids=user_ids,
                 max_examples_per_user=max_examples_per_user, noise_strategy=noise_strategy)
-        elif noise_strategy is not None and strategy_from_dict(noise_strategy) != plan.noise.strategy:
+        elif (noise_strategy is not None
+              and strategy_from_dict(noise_strategy) != plan.noise.strategy):
             raise ConfigError(f"noise_strategy={noise_strategy!r} differs from the plan's "
                               f"{plan.noise.strategy!r}: give the strategy in the plan alone.")
         if performance is None:

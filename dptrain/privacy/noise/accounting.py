@@ -14,7 +14,8 @@ from __future__ import annotations
 from dptrain.errors import ConfigError
 
 #: (privacy.noise, privacy.sampling) pairs whose epsilon the accountants compute exactly.
-ACCOUNTED: set[tuple[str, str]] = {("independent", kind) for kind in ("poisson", "shuffle", "given")}
+ACCOUNTED: set[tuple[str, str]] = {("independent", kind)
+                                   for kind in ("poisson", "shuffle", "given")}
 
 
 def require_accounting(noise: str, selection: str) -> None:
