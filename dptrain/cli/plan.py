@@ -32,7 +32,7 @@ from dptrain.checks import (
 )
 from dptrain.cli.args import OneLineParser, fail
 from dptrain.errors import ConfigError, DPTrainError, PrivacyError
-from dptrain.privacy.plan import Clipping, Noise, PrivacyPlan, Selection
+from dptrain.privacy.plan import COMMAND_SELECTIONS, Clipping, Noise, PrivacyPlan, Selection
 
 PROG = "dptrain-privacy"
 ORDER = ("prv", "rdp", "gdp")  # table order: the default (tight) accountant first
@@ -91,9 +91,10 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delta", type=float,
                         help="target delta, e.g. 1e-5 (default with --dataset-size: 1/(10 N) "
                         "rounded down to a power of ten, as dptrain chooses it)")
-    parser.add_argument("--sampling", choices=["poisson", "shuffle"], default="poisson",
-                        help="batch selection (privacy.sampling): poisson (default) or shuffle "
-                        "(fixed-size batches of a shuffle each epoch, no amplification)")
+    parser.add_argument("--sampling", choices=list(COMMAND_SELECTIONS), default="poisson",
+                        help="batch selection (privacy.sampling): poisson (default), shuffle "
+                        "(fixed-size batches of a shuffle each epoch, no amplification), or "
+                        "another kind the plan defines (docs/accounting.md)")
     parser.add_argument("--accountant", nargs="+", choices=sorted(ACCOUNTANTS), default=list(ORDER),
                         help="accountants to report (default: all)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -32,6 +32,7 @@ from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import CLIPPING_MODES
 from dptrain.privacy.noise import NOISE_KINDS, strategy_for
 from dptrain.privacy.plan import (
+    COMMAND_SELECTIONS,
     GRAD_SAMPLE_MODES,
     Clipping,
     Noise,
@@ -250,14 +251,14 @@ def _noise_keys(privacy: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _sampling(privacy: Mapping[str, Any]) -> str:
-    """`privacy.sampling` (poisson | shuffle), or its alias `privacy.poisson_sampling`
-    (false: shuffle; its default true defers to privacy.sampling); ConfigError for
-    sampling=poisson with poisson_sampling=false."""
+    """`privacy.sampling` (one of the plan's COMMAND_SELECTIONS), or its alias
+    `privacy.poisson_sampling` (false: shuffle; its default true defers to privacy.sampling);
+    ConfigError for sampling=poisson with poisson_sampling=false."""
     alias = BOOLEAN.check(privacy.get("poisson_sampling", True), "privacy.poisson_sampling")
     sampling = privacy.get("sampling")
     if sampling is None:
         return "poisson" if alias else "shuffle"
-    sampling = one_of("poisson", "shuffle").check(sampling, "privacy.sampling")
+    sampling = one_of(*COMMAND_SELECTIONS).check(sampling, "privacy.sampling")
     if sampling == "poisson" and not alias:
         raise ConfigError(f"privacy.sampling={sampling} but privacy.poisson_sampling={str(alias).lower()} "
                           "(its older name) says otherwise: set privacy.sampling alone.")

@@ -48,6 +48,7 @@ from dptrain.privacy.user_level import PRIVACY_UNITS as UNITS
 # loader (make_private(poisson_sampling=False, allow_non_poisson=True)), accounted as if Poisson:
 # NOT a guarantee (the engine warns; the CLI never builds one).
 SELECTIONS = ("poisson", "shuffle", "given")
+COMMAND_SELECTIONS = tuple(kind for kind in SELECTIONS if kind != "given")  # privacy.sampling
 RANDOMNESS = ("os_entropy", "secure", "reproducible")
 GRAD_SAMPLE_MODES = ("hooks", "ghost")
 PRECISIONS = ("fp32", "bf16")
