@@ -31,7 +31,15 @@ class UnreachableEpsilonError(PrivacyError):
 
 
 class UnsupportedModuleError(DPTrainError, ValueError):
-    """A module cannot be trained privately as it is (e.g. BatchNorm): the message names it."""
+    """A module cannot be trained privately as it is (e.g. BatchNorm): the message names it.
+
+    `problems`: the `dptrain.validation.ModuleProblem`s found by the model validation (empty for
+    other refusals), so that a caller knowing other names for the model can say it again
+    (`dptrain.validation.invalid_model_error`) without validating the model a second time."""
+
+    def __init__(self, message: str, problems: tuple = ()) -> None:
+        super().__init__(message)
+        self.problems = tuple(problems)
 
 
 class BudgetExhaustedError(DPTrainError):

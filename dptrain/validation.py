@@ -274,21 +274,10 @@ class ModuleValidator:
     @staticmethod
     def raise_if_invalid(model: nn.Module, subject: str = "The model",
                          remedy: str = FIX_REMEDY) -> None:
-        """Raise UnsupportedModuleError, if `model` has problems: "`subject` cannot be trained
-        with DP-SGD as it is", every problem grouped by kind with the submodules' paths, and
-        `remedy` (what the caller can do: the fix, other choices)."""
+        """Raise `invalid_model_error` (subject, remedy) if `model` has problems."""
         problems = ModuleValidator.validate(model)
-        if not problems:
-            return
-        by_kind: dict[tuple[str, str], list[str]] = {}
-        for p in problems:
-            by_kind.setdefault((p.problem, p.fix), []).append(repr(p.path or "<model>"))
-        listed = " ".join(
-            f"{', '.join(paths[:MAX_LISTED])}{', ...' if len(paths) > MAX_LISTED else ''}"
-            f"{f' ({len(paths)} modules)' if len(paths) > 1 else ''}: {problem} Fix: {fix}"
-            for (problem, fix), paths in by_kind.items())
-        raise UnsupportedModuleError(
-            f"{subject} cannot be trained with DP-SGD as it is: {listed} {remedy}")
+        if problems:
+            raise invalid_model_error(problems, subject, remedy)
 
     @staticmethod
     def fix(model: nn.Module, inplace: bool = False) -> nn.Module:
@@ -309,6 +298,22 @@ class ModuleValidator:
         _replace_children(model, {})
         ModuleValidator.raise_if_invalid(model)
         return model
+
+
+def invalid_model_error(problems: list[ModuleProblem] | tuple[ModuleProblem, ...], subject: str,
+                        remedy: str = FIX_REMEDY) -> UnsupportedModuleError:
+    """The one message of a model that fails validation: "`subject` cannot be trained with
+    DP-SGD as it is", every problem grouped by kind with the submodules' paths, and `remedy`
+    (what the caller can do: the fix, other choices). The error carries `problems`."""
+    by_kind: dict[tuple[str, str], list[str]] = {}
+    for p in problems:
+        by_kind.setdefault((p.problem, p.fix), []).append(repr(p.path or "<model>"))
+    listed = " ".join(
+        f"{', '.join(paths[:MAX_LISTED])}{', ...' if len(paths) > MAX_LISTED else ''}"
+        f"{f' ({len(paths)} modules)' if len(paths) > 1 else ''}: {problem} Fix: {fix}"
+        for (problem, fix), paths in by_kind.items())
+    return UnsupportedModuleError(
+        f"{subject} cannot be trained with DP-SGD as it is: {listed} {remedy}", problems)
 
 
 def _refuse_uninitialized(model: nn.Module) -> None:

@@ -108,7 +108,8 @@ def measure(name: str, size: str, batch: int, device: str, chosen: dict[str, Any
                 times[key].append(time.perf_counter() - start)
                 if device.startswith("cuda"):
                     peaks[key] = max(peaks[key], torch.cuda.max_memory_allocated())
-    noise_ms = {key: noise_only_ms(optimizer, warmup, steps) for key, (_, optimizer) in runs.items()}
+    noise_ms = {key: noise_only_ms(optimizer, warmup, steps)
+                for key, (_, optimizer) in runs.items()}
     out = {}
     for key, (_, optimizer) in runs.items():
         held = optimizer.noise_generator_state.buffers

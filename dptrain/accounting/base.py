@@ -61,6 +61,8 @@ class Accountant(ABC):
     name: str = ""
     approximate: bool = False
     guarantee: str = "upper bound"
+    #: the batch selection its history is accounted for (`get_accountant`'s `sampling`)
+    sampling: str = "poisson"
 
     def __init__(self) -> None:
         self._history: History = []

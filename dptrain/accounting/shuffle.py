@@ -78,6 +78,7 @@ class ShuffleAccountant(Accountant):
 
     approximate = False
     guarantee = "exact (composed Gaussian mechanisms, substitution adjacency)"
+    sampling = "shuffle"
 
     def __init__(self, name: str = "prv") -> None:
         super().__init__()

@@ -196,10 +196,9 @@ class DiracCanaries:
         return torch.nonzero(self.included & (coins < self.step_sample_rate)).flatten()
 
     def _sample_rate(self) -> float:
-        """q of the batch being released: the loader's (what a real example was sampled with)."""
-        source = self.optimizer.sample_rate_source
-        rate = source() if source is not None else None
-        return float(self.optimizer.sample_rate if rate is None else rate)
+        """q of the batch being released (what a real example was sampled with: the optimizer
+        takes it from the private loader when the batch is handed out)."""
+        return float(self.optimizer.sample_rate)
 
     def _norm(self) -> float:
         return self.norm_multiplier * self.optimizer.max_grad_norm

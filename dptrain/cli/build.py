@@ -39,6 +39,7 @@ from dptrain.errors import (
     DPTrainError,
     PrivacyError,
     UnreachableEpsilonError,
+    UnsupportedModuleError,
 )
 from dptrain.models.hf import check_task, loss_for_task
 from dptrain.data.sampling import default_sample_rate
@@ -49,7 +50,7 @@ from dptrain.train.job import PrivacySettings, TrainingJob, check_model_selectio
 from dptrain.train.loggers import make_loggers
 from dptrain.randomness import seed_everything
 from dptrain.train.settings import TrainConfig, TrainSettings, command_line_names, sized_for
-from dptrain.validation import ModuleValidator
+from dptrain.validation import invalid_model_error
 
 log = logging.getLogger(__name__)
 
@@ -220,10 +221,14 @@ def build_model(model_cfg: DictConfig, splits: DatasetSplits | None = None) -> n
     return model
 
 
-def check_private_model(model: nn.Module, model_key: str) -> None:
-    """Raise UnsupportedModuleError listing what stops `model` from DP-SGD, and the fixes."""
-    ModuleValidator.raise_if_invalid(
-        model, f"model={model_key}",
+def model_error_in_keys(error: UnsupportedModuleError, model_key: str) -> UnsupportedModuleError:
+    """The model validation's refusal (raised once, where make_private wraps the model) said
+    again for the command line: naming `model=KEY` and the command's choices; other refusals
+    as they are."""
+    if not error.problems:
+        return error
+    return invalid_model_error(
+        error.problems, f"model={model_key}",
         "Choose a DP-compatible model (model=...), build yours with "
         "dptrain.ModuleValidator.fix(model) applied in its constructor, or train without privacy "
         "(privacy=none).")
@@ -470,22 +475,17 @@ def build_job(cfg: DictConfig, run_dir: Path, prepare_splits: Callable[[DatasetS
     if isinstance(resolved["model"].get("task"), str) and "task" in splits.info:
         check_task(resolved["model"]["task"], splits.info["task"], splits.name)  # before loading
     model = build_model(cfg.model, splits)
-    if request.private:
-        check_private_model(model, model_key)
     check_model_fits_data(model, splits, model_key)
     model = wrap_model(model.to(device), resolved)  # DDP on hardware=ddp
     optimizer = build_optimizer(cfg.optimizer, model)
     train_loader, test_loader, validation_loader = build_loaders(
         splits, settings, num_workers, shuffle=not request.private
     )
-    engine, model, optimizer, train_loader, privacy = make_private_job(
-        request,
-        model,
-        optimizer,
-        train_loader,
-        settings,
-        len(splits.train),
-    )
+    try:
+        engine, model, optimizer, train_loader, privacy = make_private_job(
+            request, model, optimizer, train_loader, settings, len(splits.train))
+    except UnsupportedModuleError as error:
+        raise model_error_in_keys(error, model_key) from None
     job = TrainingJob(
         model=model,
         optimizer=optimizer,

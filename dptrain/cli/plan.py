@@ -35,7 +35,14 @@ from dptrain.checks import (
 from dptrain.cli.args import OneLineParser, fail
 from dptrain.errors import ConfigError, DPTrainError, PrivacyError
 from dptrain.privacy.noise import NOISE_KINDS, NoiseStrategy, strategy_for
-from dptrain.privacy.plan import Clipping, Noise, PrivacyPlan, Selection, default_selection
+from dptrain.privacy.plan import (
+    COMMAND_SELECTIONS,
+    Clipping,
+    Noise,
+    PrivacyPlan,
+    Selection,
+    default_selection,
+)
 
 PROG = "dptrain-privacy"
 ORDER = ("prv", "rdp", "gdp")  # table order: the default (tight) accountant first
@@ -112,7 +119,7 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delta", type=float,
                         help="target delta, e.g. 1e-5 (default with --dataset-size: 1/(10 N) "
                         "rounded down to a power of ten, as dptrain chooses it)")
-    parser.add_argument("--sampling", choices=["poisson", "shuffle", "cyclic_poisson"],
+    parser.add_argument("--sampling", choices=list(COMMAND_SELECTIONS),
                         default=None,
                         help="batch selection (privacy.sampling): poisson (the default with "
                         "independent noise), shuffle (fixed-size batches of a shuffle each "

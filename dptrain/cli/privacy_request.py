@@ -32,6 +32,7 @@ from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import CLIPPING_MODES
 from dptrain.privacy.noise import NOISE_KINDS, strategy_for
 from dptrain.privacy.plan import (
+    COMMAND_SELECTIONS,
     GRAD_SAMPLE_MODES,
     Clipping,
     Noise,
@@ -50,8 +51,6 @@ PRIVACY_KEYS = tuple(sorted({f.name for schema in (EpsilonPrivacyConfig, SigmaPr
                              for f in dataclasses.fields(schema)}))
 
 log = logging.getLogger(__name__)
-# The batch selections a config may name (privacy.sampling); "given" is the Python API's alone.
-CLI_SELECTIONS = ("poisson", "shuffle", "cyclic_poisson")
 
 
 def reject_unknown_keys(section: Mapping[str, Any], group: str, known: tuple[str, ...]) -> None:
@@ -266,7 +265,7 @@ def _sampling(privacy: Mapping[str, Any]) -> str | None:
     sampling = privacy.get("sampling")
     if sampling is None:
         return None if alias else "shuffle"
-    sampling = one_of(*CLI_SELECTIONS).check(sampling, "privacy.sampling")
+    sampling = one_of(*COMMAND_SELECTIONS).check(sampling, "privacy.sampling")
     if sampling != "shuffle" and not alias:
         raise ConfigError(f"privacy.sampling={sampling} but privacy.poisson_sampling={str(alias).lower()} "
                           "(its older name) says otherwise: set privacy.sampling alone.")

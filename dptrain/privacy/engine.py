@@ -187,18 +187,11 @@ def _check_optimizer_params(optimizer: Optimizer, module: nn.Module,
             "model.parameters() of the same model before make_private.")
 
 
-def _reproducible_mechanism(reproducible_mechanism: Any, reproducible_noise: Any) -> bool:
-    """`reproducible_mechanism`, or its deprecated alias `reproducible_noise` when given (with a
-    DeprecationWarning); ConfigError unless they are bools."""
-    for name, value in (("reproducible_mechanism", reproducible_mechanism),
-                        ("reproducible_noise", reproducible_noise)):
-        if not isinstance(value, bool) and not (name == "reproducible_noise" and value is None):
-            raise ConfigError(f"{name}={value!r} must be True or False.")
-    if reproducible_noise is None:
-        return reproducible_mechanism
-    warnings.warn("reproducible_noise is deprecated: use reproducible_mechanism, which seeds the "
-                  "noise and the Poisson sampling from the seed.", DeprecationWarning, stacklevel=3)
-    return reproducible_mechanism or reproducible_noise
+def _check_flag(name: str, value: Any) -> bool:
+    """`value` when it is a bool; ConfigError naming the argument otherwise."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} must be True or False.")
+    return value
 
 
 class PrivacyEngine:
@@ -218,13 +211,11 @@ class PrivacyEngine:
             by subsampling, which the accountant counts on, assumes that is secret). Default
             False: both generators are seeded from OS entropy, independent of `seed` and of
             torch's global RNG, and their states are never saved (`state_dict` leaves them out).
-        reproducible_noise: deprecated alias of `reproducible_mechanism`.
     """
 
     def __init__(self, accountant: Any = "prv", secure_mode: bool = False,
-                 seed: int | None = None, reproducible_mechanism: bool = False,
-                 reproducible_noise: bool | None = None) -> None:
-        reproducible = _reproducible_mechanism(reproducible_mechanism, reproducible_noise)
+                 seed: int | None = None, reproducible_mechanism: bool = False) -> None:
+        reproducible = _check_flag("reproducible_mechanism", reproducible_mechanism)
         if reproducible and secure_mode:
             raise ConfigError("reproducible_mechanism=True cannot be combined with "
                               "secure_mode=True (privacy.reproducible_mechanism, "
@@ -331,7 +322,8 @@ class PrivacyEngine:
                 noise_generator=noise_generator, privacy_unit=privacy_unit, user_ids=user_ids,
                 max_examples_per_user=max_examples_per_user, sampling_groups=sampling_groups,
                 noise_strategy=noise_strategy)
-        elif noise_strategy is not None and strategy_from_dict(noise_strategy) != plan.noise.strategy:
+        elif (noise_strategy is not None
+              and strategy_from_dict(noise_strategy) != plan.noise.strategy):
             raise ConfigError(f"noise_strategy={noise_strategy!r} differs from the plan's "
                               f"{plan.noise.strategy!r}: give the strategy in the plan alone.")
         if performance is None:
@@ -388,7 +380,6 @@ class PrivacyEngine:
                 sample_rate=sample_rate,
                 noise_generator=noise_generator or self.noise_generator,
                 secure_mode=self.secure_mode, noise_schedule=noise_sched,
-                sample_rate_schedule=rate_sched,
                 sample_rate_source=getattr(private_loader, "batch_sample_rate", None),
                 noise_strategy=plan.noise.strategy)
         except BaseException:
@@ -460,9 +451,21 @@ class PrivacyEngine:
     # -- accounting ----------------------------------------------------------------------------
     def _account_step(self, optimizer: DPOptimizer) -> None:
         """Step hook: the accountant records the sigma and q this step actually used (q is the
-        one the released batch was sampled with; see DPOptimizer.sample_rate_source)."""
+        one the private loader drew the released batch with: DPOptimizer.sample_rate_source)."""
         self.accountant.step(noise_multiplier=optimizer.noise_multiplier,
                              sample_rate=optimizer.sample_rate)
+
+    def sample_rate_at(self, step: int) -> float:
+        """q of logical step `step` (0-based) when every batch is stepped on: the plan's
+        selection schedule as the private loader's sampler (its one evaluator) draws batch
+        `step` with it, else the sampler's q (a caller's own loader: the plan's q)."""
+        sampler = getattr(self.data_loader, "poisson_sampler", None)
+        schedule = getattr(sampler, "sample_rate_schedule", None)
+        if schedule is not None:
+            return check_sample_rate(schedule(step), f"sample_rate_schedule (value at step {step})")
+        if sampler is not None:
+            return float(sampler.sample_rate)
+        return float(self.plan.selection.sample_rate)
 
     def get_epsilon(self, delta: float) -> float:
         """Epsilon spent so far at `delta` (warns when the loader is not Poisson-sampled, and when
@@ -628,15 +631,13 @@ class PrivateTraining(NamedTuple):
 
 
 def make_private(*, accountant: Any = "prv", secure_mode: bool = False, seed: int | None = None,
-                 reproducible_mechanism: bool = False, reproducible_noise: bool | None = None,
-                 **kwargs: Any) -> PrivateTraining:
+                 reproducible_mechanism: bool = False, **kwargs: Any) -> PrivateTraining:
     """One call: a new PrivacyEngine(accountant, secure_mode, seed, reproducible_mechanism) and
-    its make_private(**kwargs) (`reproducible_noise`: deprecated alias of reproducible_mechanism).
+    its make_private(**kwargs).
 
     Returns (module, optimizer, data_loader, engine); engine.get_epsilon(delta) reports epsilon.
     """
     engine = PrivacyEngine(accountant=accountant, secure_mode=secure_mode, seed=seed,
-                           reproducible_mechanism=reproducible_mechanism,
-                           reproducible_noise=reproducible_noise)
+                           reproducible_mechanism=reproducible_mechanism)
     module, optimizer, data_loader = engine.make_private(**kwargs)
     return PrivateTraining(module, optimizer, data_loader, engine)

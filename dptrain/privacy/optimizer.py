@@ -32,7 +32,6 @@ optimizer is linked to the private loader (`make_private` links them; the loader
 from __future__ import annotations
 
 import math
-import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -71,10 +70,12 @@ class DPOptimizer(Optimizer):
             entropy (`dptrain.randomness.entropy_generator`), unpredictable and never saved.
         secure_mode: draw noise from the OS CSPRNG (see dptrain.randomness).
         noise_schedule: Schedule(step) -> sigma, applied from step 0.
-        sample_rate_schedule: Schedule(step) -> q, applied from step 0.
-        sample_rate_source: fn() -> the q the Poisson loader sampled the current batch with
-            (`DPDataLoader.batch_sample_rate`); when given, each real step uses that q (and
-            expected batch size q * N), so the accountant records the q actually sampled.
+        sample_rate_schedule: Schedule(step) -> q, applied from step 0, for an optimizer that
+            is not linked to a private loader (the engine gives a schedule to the loader only).
+        sample_rate_source: fn() -> the q the private loader drew the batch being released with
+            (`DPDataLoader.batch_sample_rate`). When given, it is the one home of q: each batch
+            handed out and each real step take q (and expected batch size q * N) from it, so the
+            accountant charges the q a batch was really drawn with, whatever the loop skipped.
         noise_strategy: how the noise of the steps is correlated (dptrain.privacy.noise; None:
             Independent, DP-SGD). The i.i.d. draw of each step is made as for independent noise
             and passed through the strategy's generator, whose buffers are part of
@@ -115,6 +116,10 @@ class DPOptimizer(Optimizer):
         self.reproducible_noise = noise_generator is not None and not self.secure_mode
         self.noise_generator = self._noise_source(noise_generator)
         self.noise_schedule = noise_schedule
+        if sample_rate_source is not None and sample_rate_schedule is not None:
+            raise ConfigError("sample_rate_schedule and sample_rate_source both set q: give the "
+                              "schedule to the private loader only (make_private does), whose "
+                              "sampler draws each batch at its scheduled q and tells the optimizer.")
         self.sample_rate_schedule = sample_rate_schedule
         self.sample_rate_source = sample_rate_source
         self.noise_strategy = strategy_from_dict(noise_strategy)
@@ -124,7 +129,6 @@ class DPOptimizer(Optimizer):
         #: (C^{-1} Z)_t from the draw Z_t, per parameter (its buffers are resume state)
         self.noise_generator_state = self.noise_strategy.generator()
         self._noise_keys = {id(p): i for i, p in enumerate(self.params)}
-        self._warned_rate_mismatch = False
         self.steps_taken = 0
         self.last_charge: tuple[float, float] | None = None  # (sigma, q) of the last step
         self._step_hooks: list[StepHook] = []
@@ -223,6 +227,7 @@ class DPOptimizer(Optimizer):
         earlier batch: a step that releases them together with anything else is refused.
         """
         self._batches_since_step = (self._batches_since_step or 0) + 1
+        self._use_sampled_rate()
         if any(getattr(p, "summed_grad", None) is not None for p in self.params):
             self._earlier_sum_pending = True
         if self.module.per_sample_batch_size() > 0:
@@ -389,26 +394,11 @@ class DPOptimizer(Optimizer):
         return loss if closure is not None else result
 
     def _use_sampled_rate(self) -> None:
-        """Set q, and the expected batch size q * N, to the q the released batch was sampled with.
-
-        The sample-rate schedule's value for this step index is what the sampler used unless the
-        loop skipped a batch without `step()` or dropped batches an abandoned iterator had
-        prefetched; then the sampled q (the one the privacy guarantee depends on) wins, with a
-        warning, and the accountant hook records it.
-        """
+        """Set q, and the expected batch size q * N, to the q the batch being released was drawn
+        with (`sample_rate_source`, the loader's record; nothing without one)."""
         sampled = self.sample_rate_source() if self.sample_rate_source is not None else None
-        if sampled is None or math.isclose(sampled, self.sample_rate, rel_tol=1e-12):
+        if sampled is None:
             return
-        if not self._warned_rate_mismatch:
-            self._warned_rate_mismatch = True
-            warnings.warn(
-                f"DPOptimizer step {self.steps_taken}: the batch being released was sampled with "
-                f"q={sampled:.6g}, but the optimizer's q for this step (sample_rate_schedule, or "
-                f"batch_size / N) is {self.sample_rate:.6g}: a batch was skipped without "
-                "optimizer.step(), an iterator was abandoned with prefetched batches, or the "
-                "loader's sampler was changed. The accountant records, and the gradient is divided "
-                "by the expected batch size of, the q actually sampled. Call optimizer.step() once "
-                "for every batch, empty ones included.", UserWarning, stacklevel=3)
         self.sample_rate = check_sample_rate(sampled, "the loader's batch sample rate")
         self.expected_batch_size = self.sample_rate * self._public_size
 

@@ -52,6 +52,7 @@ from dptrain.privacy.user_level import PRIVACY_UNITS as UNITS
 # allow_non_poisson=True)), accounted as if Poisson: NOT a guarantee (the engine warns; the CLI
 # never builds one).
 SELECTIONS = ("poisson", "shuffle", "cyclic_poisson", "given")
+COMMAND_SELECTIONS = tuple(kind for kind in SELECTIONS if kind != "given")  # privacy.sampling
 RANDOMNESS = ("os_entropy", "secure", "reproducible")
 GRAD_SAMPLE_MODES = ("hooks", "ghost")
 PRECISIONS = ("fp32", "bf16")

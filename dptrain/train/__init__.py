@@ -12,8 +12,8 @@ From plain Python, a run gets the same ledger, checkpoints, resume and budget gu
 
 Modules: job.py (TrainingJob, private_job, RunResult), settings.py (TrainSettings, the sizing
 rule), lr_schedule.py (learning-rate schedules), loop.py
-(train, Trainer), budget.py (BudgetGuard, PrivacySpend), ledger.py (PrivacyLedger,
-verify_ledger), ledger_check.py (the run's records against the ledger's history), checkpoint.py
+(train, Trainer), budget.py (BudgetGuard, PrivacySpend), ledger/ (PrivacyLedger,
+verify_ledger: schema, hashing, verification, record), ledger_check.py (the run's records against the ledger's history), checkpoint.py
 (Checkpointer, load_checkpoint), resume.py (Resumer), replay.py (what a resume may drop),
 run_lock.py (one process per run folder), evaluation.py (evaluate, Evaluator), display.py
 (progress, summary), loggers.py (metric loggers: metrics.jsonl, TensorBoard, CSV, W&B, MLflow).

@@ -111,15 +111,18 @@ class PrivacySpend:
         return history_steps(self.history()) if self.private else self.nonprivate_steps
 
     def upcoming(self, count: int) -> History:
-        """(sigma, q, 1) of each of the next `count` steps, from the optimizer's schedules.
+        """(sigma, q, 1) of each of the next `count` steps: sigma from the optimizer's noise
+        schedule, q from the plan's selection as the private loader draws it
+        (`PrivacyEngine.sample_rate_at`).
 
-        Schedules are pure functions of the optimizer's step index (dptrain.privacy.schedules),
-        so these are exactly the values the accountant will record.
+        Schedules are pure functions of the step index (dptrain.privacy.schedules), and the
+        loop steps on every batch it draws, so these are exactly the values the accountant
+        will record.
         """
         opt = self.job.optimizer
         start = int(getattr(opt, "steps_taken", 0))
         sigma_at = getattr(opt, "noise_schedule", None) or (lambda _: opt.noise_multiplier)
-        q_at = getattr(opt, "sample_rate_schedule", None) or (lambda _: opt.sample_rate)
+        q_at = self.job.engine.sample_rate_at
         return [(float(sigma_at(i)), float(q_at(i)), 1) for i in range(start, start + count)]
 
     # -- every step the ledger counts ------------------------------------------------------------

@@ -389,12 +389,14 @@ class MlflowLogger(MetricLogger):
     def _start(self) -> tuple[Any, str]:
         """(client, run id): the run is created on first use, with the config as its params."""
         if self._run_id is None:
+            from dptrain.distributed.consistency import flatten  # torch: only with a run
+
             client = self._mlflow.tracking.MlflowClient(tracking_uri=self.tracking_uri)
             found = client.get_experiment_by_name(self.experiment)
             experiment_id = found.experiment_id if found else client.create_experiment(self.experiment)
             self._run_id = client.create_run(experiment_id, run_name=self.run_name).info.run_id
             self._client = client
-            for key, value in _flatten(self._config).items():
+            for key, value in flatten(self._config).items():
                 client.log_param(self._run_id, key, str(value)[:250])
         return self._client, self._run_id
 
@@ -410,17 +412,6 @@ class MlflowLogger(MetricLogger):
         if self._run_id is not None:
             self._client.set_terminated(self._run_id)
             self._run_id = None
-
-
-def _flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """{"optimizer.lr": 1.0, ...}: nested dicts joined with dots (MLflow params are flat)."""
-    out: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, Mapping):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 LOGGERS: dict[str, type[MetricLogger]] = {

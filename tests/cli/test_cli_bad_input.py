@@ -42,12 +42,15 @@ def test_a_model_failing_validation_lists_the_problems_and_the_fix(dptrain):
     err = dptrain(
         "model=custom",
         "model._target_=torchvision.models.resnet18",
+        "+model.num_classes=10",
         "dataset=cifar10",
         "dataset.synthetic=true",
         "dataset.max_samples=64",
+        "train.batch_size=16",
         *QUIET,
     )
-    assert "BatchNorm2d" in err and "ModuleValidator.fix" in err and "model=" in err
+    assert "BatchNorm2d" in err and "ModuleValidator.fix" in err
+    assert "model=torchvision.models.resnet18 cannot be trained" in err and "privacy=none" in err
 
 
 def test_a_model_that_does_not_fit_the_dataset_is_refused(dptrain):

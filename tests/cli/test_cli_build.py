@@ -265,3 +265,19 @@ def test_privacy_epsilon_with_shuffled_batches_calibrates_sigma_with_the_shuffle
     spent = shuffle_epsilon([(plan.noise.multiplier, plan.selection.sample_rate, steps)],
                             plan.delta)
     assert plan.selection.kind == "shuffle" and 8 - 0.01 <= spent <= 8
+
+
+def test_a_private_job_validates_its_model_once(tmp_path, monkeypatch):
+    from dptrain.validation import ModuleValidator
+
+    validated = []
+    validate = ModuleValidator.validate
+
+    def counting(model):
+        validated.append(model)
+        return validate(model)
+
+    monkeypatch.setattr(ModuleValidator, "validate", staticmethod(counting))
+    job, _ = build_job(compose_config("privacy=sigma", "train.batch_size=64"), tmp_path)
+    model = job.model._module   # the model the per-sample gradient wrapper holds
+    assert sum(seen is model for seen in validated) == 1

@@ -301,7 +301,8 @@ def test_sampled_batch_size_expected_batch_size_and_accounted_q_agree_at_every_s
 def test_a_loop_skipping_empty_batches_still_accounts_the_q_each_batch_was_sampled_with():
     engine, model, optimizer, loader = _private(sample_rate_schedule=_alternating)
     seen = _record_steps(optimizer)
-    with pytest.warns(UserWarning, match="sampled with q=1"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # nothing to correct: the loader's q is the only q
         for x, y in loader:
             if len(x) == 0:
                 continue  # the step is never taken, but the sampler has moved on
@@ -310,6 +311,27 @@ def test_a_loop_skipping_empty_batches_still_accounts_the_q_each_batch_was_sampl
             optimizer.step()
     assert [q for _, q, _ in engine.accountant.history] == [1.0]
     assert seen == [(1.0, float(N))] * (len(loader) // 2)
+
+
+def test_a_private_loader_drawing_at_another_rate_than_the_plan_is_charged_at_the_rate_it_drew():
+    engine, model, optimizer, loader = _private()        # the plan's q: 8 / N
+    loader.poisson_sampler.sample_rate = 0.5             # a pipeline changed the sampler's q
+    seen, sizes = _record_steps(optimizer), []
+    for x, y in loader:
+        sizes.append(len(x))
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    assert engine.plan.selection.sample_rate == 8 / N
+    assert [q for _, q, _ in engine.accountant.history] == [0.5]
+    assert seen == [(0.5, 0.5 * N)] * len(loader)
+    assert sum(sizes) > 8 * len(loader)   # the batches really were drawn at q = 0.5
+
+
+def test_the_engine_plans_each_steps_sample_rate_from_the_loaders_schedule():
+    engine, _model, optimizer, loader = _private(sample_rate_schedule=_alternating)
+    assert optimizer.sample_rate_schedule is None   # the loader's sampler is q's one evaluator
+    assert [engine.sample_rate_at(t) for t in range(4)] == [_alternating(t) for t in range(4)]
 
 
 def test_a_failed_make_private_leaves_the_model_unwrapped_so_a_retry_works():

@@ -429,19 +429,22 @@ def test_a_real_step_uses_the_sample_rate_its_batch_was_drawn_with():
     _model, _source, dp = _setup(ebs=8.0, q=0.5, sample_rate_source=lambda: 0.25)  # N = 16
     seen = []
     dp.attach_step_hook(lambda opt: seen.append((opt.sample_rate, opt.expected_batch_size)))
-    with pytest.warns(UserWarning, match="sampled with q=0.25"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # the loader's q is the only q: nothing to correct
         dp.step()
     assert seen == [(0.25, 4.0)]
 
 
-def test_a_source_agreeing_with_the_schedule_changes_nothing_and_does_not_warn():
-    _model, _source, dp = _setup(ebs=8.0, q=0.5, sample_rate_source=lambda: 0.5)
-    seen = []
-    dp.attach_step_hook(lambda opt: seen.append((opt.sample_rate, opt.expected_batch_size)))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        dp.step()
-    assert seen == [(0.5, 8.0)]
+def test_a_batch_handed_out_sets_q_to_the_rate_it_was_drawn_with_before_its_step():
+    _model, _source, dp = _setup(ebs=8.0, q=0.5, sample_rate_source=lambda: 0.125)  # N = 16
+    dp.on_batch_handed_out()
+    assert (dp.sample_rate, dp.expected_batch_size) == (0.125, 2.0)
+
+
+def test_a_sample_rate_schedule_beside_a_sample_rate_source_is_refused_as_a_second_home_of_q():
+    with pytest.raises(ConfigError, match="both set q"):
+        _setup(ebs=8.0, q=0.5, sample_rate_source=lambda: 0.5,
+               sample_rate_schedule=StepSchedule(0.5, 1, 0.5))
 
 
 @pytest.mark.parametrize("argument", ["noise_multiplier", "sample_rate"])

@@ -66,7 +66,6 @@ def test_a_caller_seeded_noise_generator_is_reported_as_reproducible_randomness(
     assert not any(engine.mechanism_replays() for engine in engines)   # the batches are fresh
 
 
-def test_reproducible_noise_is_a_deprecated_alias_of_reproducible_mechanism():
-    with pytest.warns(DeprecationWarning, match="reproducible_mechanism"):
-        engine = dptrain.PrivacyEngine(accountant="rdp", seed=SEED, reproducible_noise=True)
-    assert engine.reproducible_mechanism and engine.sampling_generator is not None
+def test_the_removed_reproducible_noise_keyword_is_refused_never_ignored():
+    with pytest.raises(TypeError, match="reproducible_noise"):
+        dptrain.PrivacyEngine(accountant="rdp", seed=SEED, reproducible_noise=True)

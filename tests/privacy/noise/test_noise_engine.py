@@ -17,6 +17,7 @@ from dptrain.accounting.matrix_factorization import (
     cyclic_participation,
     unamplified_mu,
 )
+from dptrain.errors import ConfigError
 from dptrain.privacy.noise import Banded, Blt, Independent
 from dptrain.train.checkpoint import load_checkpoint, save_checkpoint
 
@@ -126,3 +127,10 @@ def test_the_released_model_holds_no_noise_buffer():
     _train(private, 2)
     assert set(private.module._module.state_dict()) == {"0.weight", "0.bias", "2.weight",
                                                          "2.bias"}
+
+
+def test_a_noise_strategy_beside_a_plan_with_another_is_refused():
+    private = _private(None)
+    with pytest.raises(ConfigError, match="differs from the plan"):
+        private.engine.make_private(module=nn.Linear(2, 2), optimizer=None, data_loader=None,
+                                    plan=private.engine.plan, noise_strategy=Banded((1.0, 0.5)))

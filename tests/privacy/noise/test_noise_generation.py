@@ -136,3 +136,26 @@ def test_secure_mode_draws_correlated_noise_too(strategy):
     steps = noise_steps(optimizer, source, 3)
     assert all(torch.isfinite(s).all() and s.abs().sum() > 0 for s in steps)
     assert len(optimizer.noise_generator_state.buffers[0]) == strategy.extra_copies
+
+
+@pytest.mark.parametrize("strategy", [Banded.optimised(8, 500),
+                                      Blt((0.998, 0.95, 0.6), (0.1, 0.2, 0.3))],
+                         ids=lambda s: s.name)
+def test_over_many_float32_steps_the_noise_stays_c_inverse_z_without_drift(strategy):
+    # C applied to the 500 noise outputs gives back the i.i.d. draws (regenerated from the
+    # seed) to float32 precision: no error builds up in the buffers of a long run.
+    torch.manual_seed(0)
+    steps = 500
+    model = nn.Linear(10, 5)
+    noise = torch.stack(noise_steps(*noise_optimizer(model, strategy, seed=21), steps)).double()
+    c = torch.from_numpy(strategy.toeplitz_column(steps))
+    # (C y)_t = sum_k c_k y_{t-k}, a causal convolution along the steps, for every coordinate
+    rebuilt = torch.stack([(c[:t + 1].flip(0)[:, None] * noise[:t + 1]).sum(0)
+                           for t in range(steps)])
+    generator = make_generator(21)
+    draws = torch.stack([torch.cat([torch.normal(0.0, 1.0 / BATCH, size=p.shape,
+                                                 generator=generator).reshape(-1)
+                                    for p in model.parameters()]) * BATCH
+                         for _ in range(steps)]).double()
+    assert (rebuilt - draws).abs().max() < 1e-4
+    assert draws.std().item() == pytest.approx(1.0, rel=0.05)

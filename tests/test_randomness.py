@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
-from privacy_helpers import std_tolerance
+from tests.privacy.privacy_helpers import std_tolerance
 
 from dptrain.randomness import (
     derive_seeds,

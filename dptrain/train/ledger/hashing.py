@@ -1,0 +1,62 @@
+"""The config hash: what a run's config must keep for a resume to be the same run (config
+keys exempt from it, keys renamed or added since a ledger was written)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from dptrain.distributed.consistency import flatten
+from dptrain.io import json_safe
+
+# Config keys that may change between a run and its resume without changing what is trained.
+RESUME_EXEMPT_KEYS = ("train.resume", "train.progress", "train.max_steps", "train.run_dir",
+                      "train.keep_checkpoints", "train.wait_for_lock", "hydra", "logger")
+# Config keys renamed since a ledger or checkpoint was written: {old name: new name}. A resume
+# compares the recorded values under their new names. privacy.reproducible_noise=true seeded the
+# noise and the sampling from train.seed, as reproducible_mechanism=true does; =false seeded the
+# sampling alone (now from OS entropy too: the resumed steps are not less private, and
+# `carry_randomness` keeps the ledger's flag).
+RENAMED_KEYS = {"privacy.reproducible_noise": "privacy.reproducible_mechanism"}
+# Config keys added since a ledger or checkpoint was written: {key: the value every earlier run
+# had, which means what the older config did}. A key at that value is hashed as absent, so those
+# runs still resume. privacy.sampling null defers to privacy.poisson_sampling, as before; the
+# privacy unit was one example, no dataset named users; the learning rate was constant; the
+# noise was independent.
+ADDED_KEYS: dict[str, Any] = {"privacy.sampling": None, "privacy.sampling_groups": None,
+                              "privacy.unit": "example",
+                              "privacy.max_examples_per_user": None, "dataset.user_column": None,
+                              "lr_schedule.kind": "constant", "privacy.noise": "independent",
+                              "privacy.noise_bands": None, "privacy.noise_buffers": None}
+
+
+def _hashed_items(config: dict[str, Any]) -> dict[str, Any]:
+    """The flattened config without the keys that may change on resume (RESUME_EXEMPT_KEYS) and
+    the ADDED_KEYS at the value earlier runs had."""
+    def exempt(key: str, value: Any) -> bool:
+        return (any(key == k or key.startswith(k + ".") for k in RESUME_EXEMPT_KEYS)
+                or (key in ADDED_KEYS and ADDED_KEYS[key] == value))
+
+    return {k: v for k, v in flatten(config).items() if not exempt(k, v)}
+
+
+def config_hash(config: dict[str, Any]) -> str:
+    """SHA-256 (hex) of the canonical JSON of the config, RESUME_EXEMPT_KEYS left out."""
+    canonical = json.dumps(json_safe(_hashed_items(config)), sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between two configs (hashed keys only; the old config's
+    RENAMED_KEYS under their new names, its missing ADDED_KEYS at their old meaning), sorted."""
+    a = {RENAMED_KEYS.get(k, k): v for k, v in json_safe(_hashed_items(old)).items()}
+    b = json_safe(_hashed_items(new))
+    a.update({k: v for k, v in ADDED_KEYS.items() if k not in a and k in b})
+    return sorted(k for k in set(a) | set(b) if a.get(k, "<missing>") != b.get(k, "<missing>"))
+
+
+def same_config(recorded_hash: str, recorded: dict[str, Any], config: dict[str, Any]) -> bool:
+    """True when `config` is the recorded run's config: the same hash, or the same values (a
+    typed config reads `optimizer.lr=1` as 1.0 where an untyped one kept 1: same run)."""
+    return recorded_hash == config_hash(config) or not config_differences(recorded, config)
