@@ -163,7 +163,7 @@ def replot(args: argparse.Namespace) -> None:
                f"{setup_['batch_size']}), {seeds} seeds", setup_["delta"])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0])
     parser.add_argument("--seeds", type=int, default=5)
@@ -178,7 +178,7 @@ def main() -> None:
     parser.add_argument("--replot", default=None,
                         help="a --json file written before: print its table and draw --figure "
                         "from it without training")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.replot:
         replot(args)
         return
