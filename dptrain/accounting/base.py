@@ -106,7 +106,7 @@ class Accountant(ABC):
     def get_epsilon(self, delta: float) -> float:
         """Epsilon (natural-log units) of the whole history at `delta`; math.inf if sigma == 0."""
         d = check_delta(delta)
-        runs = spending_runs(self._history)
+        runs = self._charged_runs()
         if not runs:
             return 0.0
         if has_infinite_loss(runs):
@@ -117,13 +117,18 @@ class Accountant(ABC):
     def get_delta(self, epsilon: float) -> float:
         """Smallest delta this method certifies at `epsilon`; 1.0 if sigma == 0 was stepped."""
         e = check_epsilon(epsilon)
-        runs = spending_runs(self._history)
+        runs = self._charged_runs()
         if not runs:
             return 0.0
         if has_infinite_loss(runs):
             warn_infinite(self.name)
             return 1.0
         return float(min(1.0, max(0.0, self._delta(runs, e))))
+
+    def _charged_runs(self) -> History:
+        """The runs `_epsilon` and `_delta` charge: those that spend privacy (q > 0); [] when
+        none does."""
+        return spending_runs(self._history)
 
     @abstractmethod
     def _epsilon(self, runs: History, delta: float) -> float:

@@ -7,6 +7,7 @@ import warnings
 from typing import Callable
 
 from dptrain.accounting.history import steps_per_epoch  # noqa: F401  (re-exported: its old home)
+from dptrain.accounting.events import AccountingEvent, as_event
 from dptrain.accounting.registry import get_accountant
 from dptrain.checks import check_delta, check_epsilon, check_sample_rate, check_steps
 from dptrain.errors import PrivacyError, UnreachableEpsilonError
@@ -40,7 +41,7 @@ def steps_for(sample_rate: float, steps: int | None, epochs: float | None) -> in
 
 
 def _epsilon_function(accountant: str, sample_rate: float, steps: int, delta: float,
-                      sampling: str = "poisson") -> Callable[[float], float]:
+                      sampling: str | AccountingEvent = "poisson") -> Callable[[float], float]:
     def epsilon(sigma: float) -> float:
         acc = get_accountant(accountant, sampling)
         acc.step(noise_multiplier=sigma, sample_rate=sample_rate, steps=steps)
@@ -107,9 +108,10 @@ def _refine(epsilon: Callable[[float], float], target: float, tolerance: float,
 def get_noise_multiplier(*, target_epsilon: float, target_delta: float, sample_rate: float,
                          steps: int | None = None, epochs: float | None = None,
                          accountant: str = "rdp", epsilon_tolerance: float = 0.01,
-                         sampling: str = "poisson") -> float:
-    """Smallest noise multiplier whose epsilon at target_delta is <= target_epsilon (batches
-    selected by `sampling`: poisson | shuffle, dptrain.accounting.get_accountant).
+                         sampling: str | AccountingEvent = "poisson") -> float:
+    """Smallest noise multiplier whose epsilon at target_delta is <= target_epsilon (steps
+    charged as `sampling`: poisson | shuffle, or an AccountingEvent with cyclic Poisson sampling
+    or correlated noise; dptrain.accounting.get_accountant).
 
     The result's epsilon is never above the target and (unless the target is so loose that
     sigma = 1e-3 meets it) within `epsilon_tolerance` below it. Raises PrivacyError naming
@@ -129,9 +131,11 @@ def get_noise_multiplier(*, target_epsilon: float, target_delta: float, sample_r
         raise PrivacyError(f"epsilon_tolerance={epsilon_tolerance!r} must be > 0, e.g. 0.01.")
     epsilon = _epsilon_function(accountant, q, n, delta, sampling)
     start = None
-    if accountant == "prv" and sampling == "poisson":
+    event = as_event(sampling)
+    if accountant == "prv" and event.selection != "shuffle" and (event.plain or event.amplified(n)):
         # the PRV epsilon never exceeds the RDP one, so the RDP sigma meets the target: start there
-        start = calibrate_sigma(_epsilon_function("rdp", q, n, delta), target, epsilon_tolerance)
+        start = calibrate_sigma(_epsilon_function("rdp", q, n, delta, event), target,
+                                epsilon_tolerance)
     sigma = calibrate_sigma(epsilon, target, epsilon_tolerance,
                             start if start is not None and math.isfinite(start) else None)
     if math.isinf(sigma):

@@ -1,10 +1,12 @@
-"""Accountants by name: "rdp", "prv", "gdp" (the names a user types in configs and on the CLI)."""
+"""Accountants by name: "rdp", "prv", "gdp" (the names a user types in configs and on the CLI),
+for the event a run's steps are charged as (dptrain.accounting.events)."""
 
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
 from dptrain.accounting.base import Accountant
+from dptrain.accounting.events import AccountingEvent, CorrelatedNoiseAccountant, as_event
 from dptrain.accounting.history import normalize_history
 from dptrain.accounting.gdp import GaussianAccountant
 from dptrain.accounting.prv import PRVAccountant
@@ -31,22 +33,28 @@ def accountant_class(name: str, argument: str = "accountant") -> type[Accountant
     return ACCOUNTANTS[key]
 
 
-def get_accountant(name: str = "prv", sampling: str = "poisson", **kwargs: Any) -> Accountant:
-    """A new, empty accountant selected by name ("rdp" | "prv" | "gdp") for batches selected by
-    `sampling`: "poisson" (amplified), "shuffle" (`ShuffleAccountant`, carrying `name`)."""
+def get_accountant(name: str = "prv", sampling: str | AccountingEvent = "poisson",
+                   **kwargs: Any) -> Accountant:
+    """A new, empty accountant selected by name ("rdp" | "prv" | "gdp") for steps charged as
+    `sampling`: "poisson" (amplified), "shuffle" (`ShuffleAccountant`, carrying `name`), or an
+    `AccountingEvent` (cyclic Poisson sampling, correlated noise: `CorrelatedNoiseAccountant`
+    carrying `name`; a plain event gives the same accountants as its selection's name)."""
     cls = accountant_class(name)
-    if sampling == "shuffle":
+    event = as_event(sampling)
+    if not event.plain:
+        return CorrelatedNoiseAccountant(cls, event)
+    if event.selection == "shuffle":
         return ShuffleAccountant(cls.name)
     return cls(**kwargs)
 
 
 def compute_epsilon(history: Iterable[Sequence[Any] | Mapping[str, Any]], delta: float,
-                    accountant: str = "rdp", sampling: str = "poisson") -> float:
+                    accountant: str = "rdp", sampling: str | AccountingEvent = "poisson") -> float:
     """Epsilon (nats) of a stored history of (noise_multiplier, sample_rate, steps) runs at delta.
 
     Stateless: the ledger verifier recomputes claimed epsilons with it. math.inf when a step used
     noise_multiplier == 0 with sample_rate > 0; 0.0 for an empty history. `sampling`: how the
-    batches were selected ("poisson", or "shuffle": dptrain.accounting.shuffle).
+    steps are charged ("poisson", "shuffle": dptrain.accounting.shuffle, or an AccountingEvent).
     """
     acc = get_accountant(accountant, sampling)
     acc.load_state_dict({"name": acc.name, "history": normalize_history(history)})

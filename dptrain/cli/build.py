@@ -28,6 +28,7 @@ from dptrain.cli.privacy_request import (  # noqa: F401  (privacy_mode: part of 
     privacy_mode,
     reject_unknown_keys,
 )
+from dptrain.accounting.calibration import steps_for
 from dptrain.checks import default_delta
 from dptrain.cli.schema import check_hardware, check_optimizer
 from dptrain.data.datasets import DatasetSplits, load_dataset
@@ -384,6 +385,20 @@ def user_level_arguments(request: PrivacyRequest, dataset: Any) -> dict[str, Any
     return {"user_ids": user_ids}
 
 
+def planned_steps(sample_rate: float, settings: TrainSettings) -> int:
+    """The steps the run takes: train.epochs of ceil(1 / q) steps, at most train.max_steps."""
+    steps = steps_for(sample_rate, None, settings.epochs)
+    return steps if settings.max_steps is None else min(steps, settings.max_steps)
+
+
+def sgd_momentum(optimizer: torch.optim.Optimizer) -> float:
+    """The heavy-ball momentum of an SGD optimizer's first group (0 for other optimizers): the
+    workload a correlated noise strategy is optimised for."""
+    if not isinstance(optimizer, torch.optim.SGD) or not optimizer.param_groups:
+        return 0.0
+    return float(optimizer.param_groups[0].get("momentum", 0.0) or 0.0)
+
+
 def make_private_job(
     request: PrivacyRequest,
     model: nn.Module,
@@ -404,7 +419,8 @@ def make_private_job(
     num_units = len(unit["user_ids"].unique()) if unit else num_examples  # N: examples or users
     delta = _target_delta(request.target_delta, num_units, "users" if unit else "training examples")
     rate = user_sample_rate(loader, num_units) if unit else default_sample_rate(loader, num_examples)
-    plan = request.plan(rate, delta)
+    plan = request.plan(rate, delta, steps=planned_steps(rate, settings),
+                        momentum=sgd_momentum(optimizer))
     if plan.noise.multiplier is None:
         try:
             plan = calibrated(plan, settings.epochs)

@@ -6,6 +6,7 @@
     dptrain-privacy epsilon --sigma 1.1 --batch-size 128 --dataset-size 1442 --epochs 30  # delta 1e-5, as dptrain
     ... --accountant prv rdp   # a subset;  --json  for machine-readable output
     ... --sampling shuffle     # fixed-size shuffled batches, accounted without amplification
+    ... --noise banded --noise-bands 4   # banded noise (cyclic Poisson in 4 groups); --noise blt
 
 Bad input prints one line `dptrain-privacy: error: ...` and exits with status 2.
 """
@@ -17,6 +18,7 @@ import json
 import math
 import warnings
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable, NoReturn, Sequence
 
 from dptrain.accounting import ACCOUNTANTS, get_accountant, get_noise_multiplier
@@ -32,7 +34,15 @@ from dptrain.checks import (
 )
 from dptrain.cli.args import OneLineParser, fail
 from dptrain.errors import ConfigError, DPTrainError, PrivacyError
-from dptrain.privacy.plan import COMMAND_SELECTIONS, Clipping, Noise, PrivacyPlan, Selection
+from dptrain.privacy.noise import NOISE_KINDS, NoiseStrategy, strategy_for
+from dptrain.privacy.plan import (
+    COMMAND_SELECTIONS,
+    Clipping,
+    Noise,
+    PrivacyPlan,
+    Selection,
+    default_selection,
+)
 
 PROG = "dptrain-privacy"
 ORDER = ("prv", "rdp", "gdp")  # table order: the default (tight) accountant first
@@ -48,18 +58,36 @@ def _fail(message: str) -> NoReturn:
 
 @dataclass(frozen=True)
 class Horizon:
-    """The resolved inputs besides sigma: the batch selection (q and poisson | shuffle), the
-    number of steps T and delta."""
+    """The resolved inputs besides sigma: the batch selection (q, poisson | shuffle |
+    cyclic_poisson and its groups; None: the noise's default), the number of steps T, delta and
+    the noise strategy (privacy.noise, its bands or buffers)."""
 
     sample_rate: float
     steps: int
     delta: float
-    sampling: str = "poisson"
+    sampling: str | None = "poisson"
+    groups: int | None = None
+    noise: str = "independent"
+    bands: int | None = None
+    buffers: int | None = None
+
+    @cached_property
+    def selection(self) -> Selection:
+        """The batch selection (dptrain.privacy.plan.default_selection, as dptrain picks it)."""
+        return default_selection(self.noise, self.sample_rate, self.sampling, self.groups,
+                                 bands=self.bands)
+
+    @cached_property
+    def strategy(self) -> NoiseStrategy:
+        """The noise strategy optimised for the T steps, as `dptrain privacy.noise=...` builds
+        it (dptrain.privacy.noise.strategy_for)."""
+        return strategy_for(self.noise, self.steps, bands=self.bands, buffers=self.buffers,
+                            steps_per_epoch=self.selection.min_separation)
 
     def plan(self, accountant: str, sigma: float) -> PrivacyPlan:
         """The privacy plan of a run with this horizon, `accountant` and noise multiplier."""
-        return PrivacyPlan(selection=Selection(self.sample_rate, kind=self.sampling),
-                           clipping=Clipping(), noise=Noise(multiplier=sigma),
+        return PrivacyPlan(selection=self.selection, clipping=Clipping(),
+                           noise=Noise(multiplier=sigma, strategy=self.strategy),
                            accountant=accountant, delta=self.delta)
 
 
@@ -91,10 +119,23 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--delta", type=float,
                         help="target delta, e.g. 1e-5 (default with --dataset-size: 1/(10 N) "
                         "rounded down to a power of ten, as dptrain chooses it)")
-    parser.add_argument("--sampling", choices=list(COMMAND_SELECTIONS), default="poisson",
-                        help="batch selection (privacy.sampling): poisson (default), shuffle "
-                        "(fixed-size batches of a shuffle each epoch, no amplification), or "
-                        "another kind the plan defines (docs/accounting.md)")
+    parser.add_argument("--sampling", choices=list(COMMAND_SELECTIONS),
+                        default=None,
+                        help="batch selection (privacy.sampling): poisson (the default with "
+                        "independent noise), shuffle (fixed-size batches of a shuffle each "
+                        "epoch, no amplification) or cyclic_poisson (--sampling-groups groups, "
+                        "group t mod b sampled at step t at rate b q: the default of banded "
+                        "noise of b bands, and of BLT noise with floor(1 / q) groups)")
+    parser.add_argument("--sampling-groups", type=_count("--sampling-groups"), default=None,
+                        help="cyclic_poisson: the number of groups b (privacy.sampling_groups)")
+    parser.add_argument("--noise", choices=list(NOISE_KINDS), default="independent",
+                        help="noise strategy (privacy.noise): independent (DP-SGD, default), "
+                        "banded (--noise-bands) or blt, optimised for the run's steps as "
+                        "dptrain does and charged by its own accounting")
+    parser.add_argument("--noise-bands", type=_count("--noise-bands"), default=None,
+                        help="banded: the number of bands b (privacy.noise_bands)")
+    parser.add_argument("--noise-buffers", type=_count("--noise-buffers"), default=None,
+                        help="blt: the number of buffers (privacy.noise_buffers; default 3)")
     parser.add_argument("--accountant", nargs="+", choices=sorted(ACCOUNTANTS), default=list(ORDER),
                         help="accountants to report (default: all)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -131,7 +172,14 @@ def resolve_horizon(args: argparse.Namespace) -> Horizon:
     delta = _delta(args.delta, args.dataset_size)
     if args.epochs is not None:
         POSITIVE_NUMBER.check(args.epochs, "--epochs")
-    return Horizon(q, steps_for(q, args.steps, args.epochs), delta, args.sampling)
+    if args.sampling_groups is not None and args.sampling not in (None, "cyclic_poisson"):
+        raise PrivacyError("--sampling-groups needs --sampling cyclic_poisson")
+    if args.sampling_groups is not None and args.sampling_groups * q > 1 + 1e-12:
+        raise PrivacyError(f"--sampling-groups={args.sampling_groups} with q={q:g}: each group "
+                           f"would be sampled at {args.sampling_groups * q:g} > 1; use at most "
+                           f"{int(1 / q)} groups")
+    return Horizon(q, steps_for(q, args.steps, args.epochs), delta, args.sampling,
+                   args.sampling_groups, args.noise, args.noise_bands, args.noise_buffers)
 
 
 def _delta(given: float | None, dataset_size: int | None) -> float:
@@ -151,7 +199,7 @@ def _ordered(names: Sequence[str]) -> list[str]:
 def _epsilon_row(name: str, sigma: float, horizon: Horizon) -> dict[str, Any]:
     """The answer of the plan of `horizon` with this accountant and sigma."""
     plan = horizon.plan(name, sigma)
-    acc = get_accountant(plan.accountant, plan.selection.accounting)
+    acc = get_accountant(plan.accountant, plan.accounting)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         acc.step(noise_multiplier=sigma, sample_rate=plan.selection.sample_rate,
@@ -172,7 +220,7 @@ def _sigma_row(name: str, target: float, tolerance: float, horizon: Horizon) -> 
     sigma = get_noise_multiplier(target_epsilon=target, target_delta=horizon.delta,
                                  sample_rate=horizon.sample_rate, steps=horizon.steps,
                                  accountant=name, epsilon_tolerance=tolerance,
-                                 sampling=horizon.plan(name, 1.0).selection.accounting)
+                                 sampling=horizon.plan(name, 1.0).accounting)
     return {"accountant": name, "noise_multiplier": sigma, **_epsilon_row(name, sigma, horizon)}
 
 
@@ -222,7 +270,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Compute the answer of a parsed command: {"command", "inputs", "results"}."""
     plan = resolve_horizon(args)
     inputs: dict[str, Any] = {"sample_rate": plan.sample_rate, "steps": plan.steps,
-                              "delta": plan.delta, "sampling": plan.sampling}
+                              "delta": plan.delta, "sampling": plan.selection.kind}
+    if plan.selection.kind == "cyclic_poisson":
+        inputs["sampling_groups"] = plan.selection.groups
+    if plan.noise != "independent":
+        inputs["noise"] = plan.strategy.to_dict()
     names = _ordered(args.accountant)
     if args.command == "epsilon":
         check_noise_multiplier(args.sigma, "--sigma")

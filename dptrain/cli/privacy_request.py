@@ -19,6 +19,7 @@ from typing import Any, Mapping
 from dptrain.accounting import ACCOUNTANTS
 from dptrain.checks import (
     BOOLEAN,
+    POSITIVE_INT,
     check_delta,
     check_epsilon,
     check_max_grad_norm,
@@ -29,6 +30,7 @@ from dptrain.cli.schema import EpsilonPrivacyConfig, SigmaPrivacyConfig
 from dptrain.data.user_sampling import check_max_examples_per_user
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import CLIPPING_MODES
+from dptrain.privacy.noise import NOISE_KINDS, strategy_for
 from dptrain.privacy.plan import (
     COMMAND_SELECTIONS,
     GRAD_SAMPLE_MODES,
@@ -37,6 +39,7 @@ from dptrain.privacy.plan import (
     PrivacyPlan,
     Selection,
     Unit,
+    default_selection,
 )
 from dptrain.privacy.schedules import as_schedule
 from dptrain.privacy.user_level import PRIVACY_UNITS
@@ -132,12 +135,17 @@ class PrivacyRequest:
     accountant: str = "prv"
     clipping: str = "flat"
     grad_sample_mode: str = "hooks"
-    sampling: str = "poisson"                 # poisson | shuffle (privacy.poisson_sampling=false: shuffle)
+    sampling: str | None = "poisson"          # poisson | shuffle | cyclic_poisson (None: the plan
+                                              # picks, dptrain.privacy.plan.default_selection)
+    sampling_groups: int | None = None        # cyclic_poisson: groups (None: the plan picks)
     secure_mode: bool = False
     reproducible_mechanism: bool = False      # noise and sampling seeded from train.seed (an opt-in)
     noise_schedule: Mapping[str, Any] | None = None  # the noise_schedule section (the ledger's)
     unit: str = "example"                     # "user": user-level DP (dptrain.privacy.user_level)
     max_examples_per_user: int | None = None  # unit=user: examples of a sampled user per batch
+    noise: str = "independent"                # independent | banded | blt
+    noise_bands: int | None = None            # noise=banded: b
+    noise_buffers: int | None = None          # noise=blt: buffers (None: the default)
 
     @property
     def private(self) -> bool:
@@ -157,19 +165,35 @@ class PrivacyRequest:
             return None
         return dict(schedule)
 
-    def plan(self, sample_rate: float, delta: float) -> PrivacyPlan:
+    def plan(self, sample_rate: float, delta: float, steps: int | None = None,
+             momentum: float = 0.0) -> PrivacyPlan:
         """The plan this request describes, for batches sampled at q = `sample_rate` and epsilon
-        reported at `delta` (sigma still to calibrate with privacy=epsilon)."""
+        reported at `delta` (sigma still to calibrate with privacy=epsilon); a correlated noise
+        strategy is optimised for `steps` steps (and SGD's `momentum`) and the participation
+        schema of its batch selection (dptrain.privacy.plan.default_selection)."""
         norm = self.max_grad_norm
+        selection = default_selection(self.noise, sample_rate, self.sampling,
+                                      self.sampling_groups, bands=self.noise_bands)
         return PrivacyPlan(
-            selection=Selection(sample_rate=sample_rate, kind=self.sampling),
+            selection=selection,
             clipping=Clipping(max_grad_norm=norm, kind=self.clipping),
             noise=Noise(multiplier=self.noise_multiplier, target_epsilon=self.target_epsilon,
-                        schedule=self.varying_noise),
+                        schedule=self.varying_noise,
+                        strategy=self._strategy(selection, steps, momentum)),
             accountant=self.accountant, delta=delta,
             randomness="secure" if self.secure_mode else
             ("reproducible" if self.reproducible_mechanism else "os_entropy"),
             unit=Unit(self.unit, max_examples_per_user=self.max_examples_per_user))
+
+    def _strategy(self, selection: Selection, steps: int | None, momentum: float) -> Any:
+        """The noise strategy of privacy.noise, optimised for `steps` steps and the separation
+        of `selection`'s participations (independent noise needs none)."""
+        if self.noise != "independent" and steps is None:
+            raise ConfigError(f"privacy.noise={self.noise} is optimised for the run's number of "
+                              "steps, which is not known here: set train.epochs.")
+        return strategy_for(self.noise, steps or 1, bands=self.noise_bands,
+                            buffers=self.noise_buffers,
+                            steps_per_epoch=selection.min_separation, momentum=momentum)
 
     @classmethod
     def parse(cls, privacy: Mapping[str, Any],
@@ -203,28 +227,55 @@ class PrivacyRequest:
             grad_sample_mode=one_of(*GRAD_SAMPLE_MODES).check(
                 privacy.get("grad_sample_mode", "hooks"), "privacy.grad_sample_mode"),
             sampling=_sampling(privacy),
+            sampling_groups=_sampling_groups(privacy),
             secure_mode=BOOLEAN.check(privacy.get("secure_mode", False), "privacy.secure_mode"),
             reproducible_mechanism=_reproducible_mechanism(privacy),
             noise_schedule=_checked_schedule(noise_schedule, mode, sigma),
             unit=one_of(*PRIVACY_UNITS).check(privacy.get("unit", "example"), "privacy.unit"),
             max_examples_per_user=check_max_examples_per_user(
                 privacy.get("max_examples_per_user"), "privacy.max_examples_per_user"),
+            **_noise_keys(privacy),
         )
 
 
-def _sampling(privacy: Mapping[str, Any]) -> str:
-    """`privacy.sampling` (one of the plan's COMMAND_SELECTIONS), or its alias
-    `privacy.poisson_sampling` (false: shuffle; its default true defers to privacy.sampling);
-    ConfigError for sampling=poisson with poisson_sampling=false."""
+def _noise_keys(privacy: Mapping[str, Any]) -> dict[str, Any]:
+    """privacy.noise, noise_bands and noise_buffers, checked (a count given for another kind of
+    noise is refused by dptrain.privacy.noise.strategy_for when the plan is built)."""
+    counts = {key: POSITIVE_INT.or_none().check(privacy.get(key), f"privacy.{key}")
+              for key in ("noise_bands", "noise_buffers")}
+    kind = one_of(*NOISE_KINDS).check(privacy.get("noise", "independent"), "privacy.noise")
+    for key, used_by in (("noise_bands", "banded"), ("noise_buffers", "blt")):
+        if counts[key] is not None and kind != used_by:
+            raise ConfigError(f"privacy.{key}={counts[key]} is only used with "
+                              f"privacy.noise={used_by} (privacy.noise={kind}): drop it, or set "
+                              f"privacy.noise={used_by}.")
+    if kind == "banded" and counts["noise_bands"] is None:
+        raise ConfigError("privacy.noise=banded needs privacy.noise_bands=B, the number of bands "
+                          "(an example then takes part at most once every B steps), e.g. "
+                          "privacy.noise_bands=4.")
+    return {"noise": kind, **counts}
+
+
+def _sampling(privacy: Mapping[str, Any]) -> str | None:
+    """`privacy.sampling` (poisson | shuffle | cyclic_poisson), or its alias
+    `privacy.poisson_sampling` (false: shuffle); None when neither is set (the plan picks:
+    cyclic Poisson for banded and BLT noise, else Poisson); ConfigError for sampling=poisson
+    with poisson_sampling=false."""
     alias = BOOLEAN.check(privacy.get("poisson_sampling", True), "privacy.poisson_sampling")
     sampling = privacy.get("sampling")
     if sampling is None:
-        return "poisson" if alias else "shuffle"
+        return None if alias else "shuffle"
     sampling = one_of(*COMMAND_SELECTIONS).check(sampling, "privacy.sampling")
-    if sampling == "poisson" and not alias:
+    if sampling != "shuffle" and not alias:
         raise ConfigError(f"privacy.sampling={sampling} but privacy.poisson_sampling={str(alias).lower()} "
                           "(its older name) says otherwise: set privacy.sampling alone.")
     return sampling
+
+
+def _sampling_groups(privacy: Mapping[str, Any]) -> int | None:
+    """`privacy.sampling_groups`: None, or a count >= 1 (dptrain.checks.POSITIVE_INT)."""
+    groups = privacy.get("sampling_groups")
+    return None if groups is None else POSITIVE_INT.check(groups, "privacy.sampling_groups")
 
 
 def _reproducible_mechanism(privacy: Mapping[str, Any]) -> bool:

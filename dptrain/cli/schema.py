@@ -193,12 +193,17 @@ class DPSGDConfig(PrivacyConfig):
     accountant: str = "prv"
     clipping: str = "flat"
     grad_sample_mode: str = "hooks"
-    sampling: Optional[str] = None      # poisson | shuffle; null: privacy.poisson_sampling decides
+    sampling: Optional[str] = None      # poisson | shuffle | cyclic_poisson; null: privacy.noise
+                                        # (banded, blt: cyclic_poisson) or privacy.poisson_sampling decides
+    sampling_groups: Optional[int] = None   # cyclic_poisson: groups (null: bands; BLT: floor(1/q))
     poisson_sampling: bool = True       # the older name of sampling (false: shuffle)
     secure_mode: bool = False
     reproducible_mechanism: bool = False
     unit: str = "example"               # example | user (needs dataset.user_column)
     max_examples_per_user: Optional[int] = None   # unit=user: cap per sampled user (null: all)
+    noise: str = "independent"          # independent | banded | blt (dptrain.privacy.noise)
+    noise_bands: Optional[int] = None   # noise=banded: the number of bands b
+    noise_buffers: Optional[int] = None  # noise=blt: the number of buffers (null: 3)
 
 
 @dataclass

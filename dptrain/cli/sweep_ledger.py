@@ -79,11 +79,23 @@ def _job_entry(sweep_dir: Path, job_dir: Path) -> tuple[dict[str, Any], History 
         entry["error"] = " ".join(str(error).split())
         return entry, None
     entry.update(status=data["status"], private=data["private"], accountant=data["accountant"],
-                 sampling=(data.get("mechanism") or {}).get("sampling", POISSON),
+                 sampling=_charged_as(data),
                  delta=data["delta"], epsilon=data["epsilon"],
                  steps=data["steps_completed"] + data["committed_ahead"],
                  history_sha256=history_sha256(data["history"]))
     return entry, history_from_json(data["history"]) if data["private"] else None
+
+
+def _charged_as(data: dict[str, Any]) -> str:
+    """How a job's steps were charged: its mechanism.sampling (poisson for a ledger written
+    before it was recorded), qualified when its ledger records a charge other than plain DP-SGD
+    (`accounting`: correlated noise, cyclic groups), whose history read as Poisson steps would
+    under-count it."""
+    sampling = (data.get("mechanism") or {}).get("sampling", POISSON)
+    if data.get("accounting") is not None:
+        relation = data["accounting"].get("relation", "?")
+        return f"{sampling} with correlated noise or sampling groups ({relation})"
+    return sampling
 
 
 def read_tuning(sweep_dir: Path) -> dict[str, Any] | None:
@@ -100,8 +112,9 @@ def _common(entries: list[dict[str, Any]], key: str) -> set[Any]:
 
 def _not_poisson(entries: list[dict[str, Any]]) -> str | None:
     """Why the jobs' histories cannot be composed by the Poisson accountants (None when they
-    can): a job whose batches were not Poisson-sampled (privacy.sampling=shuffle) is accounted
-    without amplification, and its history read as Poisson steps would under-count it."""
+    can): a job whose batches were not Poisson-sampled (privacy.sampling=shuffle or
+    cyclic_poisson) or whose noise was correlated is charged otherwise, and its history read as
+    Poisson steps would under-count it."""
     jobs = [e["job"] for e in entries if e.get("private") and e.get("sampling") != POISSON]
     if not jobs:
         return None

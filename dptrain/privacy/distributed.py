@@ -51,7 +51,8 @@ def _flat_dtype(params: list[nn.Parameter]) -> torch.dtype:
 
 def mechanism_summary(optimizer: DPOptimizer) -> dict[str, Any]:
     """What every rank's DP optimizer must agree on: sigma, q, the expected batch size, secure
-    mode, the clipper's scalar settings (per-layer bounds included) and the parameter shapes."""
+    mode, the clipper's scalar settings (per-layer bounds included), the noise strategy and the
+    parameter shapes."""
     clipper = optimizer.clipper
     settings = {k: v for k, v in vars(clipper).items() if isinstance(v, (bool, int, float, str))}
     bounds = getattr(clipper, "bounds", None)  # per-layer: {p: C_k}
@@ -62,6 +63,7 @@ def mechanism_summary(optimizer: DPOptimizer) -> dict[str, Any]:
             "clipping": clipper.name, "max_grad_norm": clipper.max_grad_norm,
             "clipper": settings,
             "per_layer_bounds": per_layer,
+            "noise_strategy": optimizer.noise_strategy.to_dict(),
             "parameters": [[list(p.shape), str(p.dtype)] for p in optimizer.params]}
 
 

@@ -25,6 +25,9 @@ from torch.optim import Optimizer
 from torch.utils.data import DataLoader
 
 from dptrain.accounting import get_accountant
+from dptrain.accounting.events import AccountingEvent
+from dptrain.accounting.shuffle import ShuffleAccountant
+from dptrain.data.cyclic_sampling import CyclicPoissonDataLoader, DistributedCyclicPoissonDataLoader
 from dptrain.data.distributed import DistributedDPDataLoader
 from dptrain.data.sampling import (
     DPDataLoader,
@@ -47,6 +50,7 @@ from dptrain.checks import (
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import make_clipper
 from dptrain.privacy.distributed import DistributedDPOptimizer, ShardedDPOptimizer
+from dptrain.privacy.noise import NoiseStrategy, strategy_from_dict
 from dptrain.randomness import derive_seeds, make_generator
 from dptrain.privacy.optimizer import DPOptimizer
 from dptrain.privacy.plan import (  # noqa: F401  (GRAD_SAMPLE_MODES: re-exported, its old home)
@@ -58,6 +62,7 @@ from dptrain.privacy.plan import (  # noqa: F401  (GRAD_SAMPLE_MODES: re-exporte
     Selection,
     Unit,
     calibrated,
+    selection_for,
 )
 from dptrain.privacy.schedules import Schedule, as_schedule
 from dptrain.privacy.user_level import (UserLevelClipper, UserLevelRequest,
@@ -66,8 +71,8 @@ _INTERFACE = ("per_sample_batch_size", "squared_norms", "weighted_sum", "clear_p
               "check_complete")
 ScheduleSpec = Schedule | Callable[[int], float] | dict[str, Any] | None
 # make_private's keyword arguments that describe the plan (the others say how it is computed).
-_PLAN_ARGUMENTS = ("max_grad_norm", "poisson_sampling", "sampling", "clipping", "privacy_unit",
-                   "max_examples_per_user",
+_PLAN_ARGUMENTS = ("max_grad_norm", "poisson_sampling", "sampling", "sampling_groups", "clipping",
+                   "privacy_unit", "max_examples_per_user", "noise_strategy",
                    "target_unclipped_quantile", "clipbound_learning_rate", "count_noise_std")
 
 
@@ -98,17 +103,41 @@ def _make_accountant(accountant: Any) -> Any:
     return get_accountant(accountant)
 
 
+def accountant_for(accountant: Any, event: AccountingEvent) -> Any:
+    """The accountant that charges steps as `event` (the plan's selection and noise strategy),
+    carrying `accountant`'s name: `accountant` itself for plain Poisson DP-SGD (a caller's own
+    accountant object is kept), otherwise a new one from `get_accountant(name, event)` holding
+    `accountant`'s history."""
+    if event.plain and event.selection != "shuffle":
+        return accountant
+    current = getattr(accountant, "event", None)
+    if current == event or (event.plain and isinstance(accountant, ShuffleAccountant)):
+        return accountant
+    charged = get_accountant(accountant.name, event)
+    charged.load_state_dict({"name": charged.name, "history": accountant.history})
+    return charged
+
+
 def private_classes(distributed: bool, selection: str, sharded: bool = False) -> tuple[type, type]:
     """(loader class, optimizer class) for make_private and the plan's selection kind
-    (poisson | shuffle | given): the distributed pair for a DDP model, with the sharded optimizer
-    for a fully sharded (FSDP2) one.
+    (poisson | shuffle | cyclic_poisson | given): the distributed pair for a DDP model, with the
+    sharded optimizer for a fully sharded (FSDP2) one.
 
-    Raises ConfigError for a DDP model without Poisson sampling: every rank would then train on
-    the same given batches and the all-reduce would count each example once per rank
-    (sensitivity W * C instead of C).
+    Raises ConfigError for a DDP model without Poisson or cyclic Poisson sampling: every rank
+    would then train on the same given batches and the all-reduce would count each example once
+    per rank (sensitivity W * C instead of C); and for a sharded model with cyclic Poisson.
     """
     if not distributed:
-        return (ShuffleDataLoader if selection == "shuffle" else DPDataLoader), DPOptimizer
+        loaders = {"shuffle": ShuffleDataLoader, "cyclic_poisson": CyclicPoissonDataLoader}
+        return loaders.get(selection, DPDataLoader), DPOptimizer
+    if selection == "cyclic_poisson" and sharded:
+        raise ConfigError("privacy.sampling=cyclic_poisson (which banded and BLT noise use) with a "
+                          "fully sharded (FSDP) model is not supported: the sharded optimizer's "
+                          "per-rank noise has not been verified with cyclic groups and noise "
+                          "buffers. Use hardware=ddp, or privacy.noise=independent with "
+                          "privacy.sampling=poisson under hardware=fsdp.")
+    if selection == "cyclic_poisson":
+        return DistributedCyclicPoissonDataLoader, DistributedDPOptimizer
     if selection != "poisson":
         raise ConfigError("poisson_sampling=False with a DistributedDataParallel or fully sharded "
                           "(FSDP) model: each rank would train on the same batches of the given "
@@ -233,27 +262,32 @@ class PrivacyEngine:
                 count_noise_std: float | None = None, target_epsilon: float | None = None,
                 target_delta: float | None = None,
                 noise_generator: torch.Generator | None = None, privacy_unit: str = "example",
-                user_ids: Any = None, max_examples_per_user: int | None = None) -> PrivacyPlan:
+                user_ids: Any = None, max_examples_per_user: int | None = None,
+                sampling_groups: int | None = None,
+                noise_strategy: NoiseStrategy | None = None) -> PrivacyPlan:
         """The plan make_private's keyword arguments describe (q = the loader's batch_size / N,
         N the examples, or the users with privacy_unit="user"; `sampling` "poisson" |
-        "shuffle"; poisson_sampling=False without it: the caller's own loader, accounted as
-        Poisson, no guarantee)."""
+        "shuffle" | "cyclic_poisson" (with `sampling_groups` groups; banded and BLT noise alone
+        pick it, dptrain.privacy.plan.selection_for); poisson_sampling=False without it: the
+        caller's own loader, accounted as Poisson, no guarantee; `noise_strategy` a
+        dptrain.privacy.noise strategy, None: independent)."""
         unit = Unit(privacy_unit, max_examples_per_user=max_examples_per_user)
         _, rate = self._unit_rate(data_loader, unit, user_ids)
-        if sampling is None:
-            sampling = "poisson" if poisson_sampling else "given"
+        if sampling is None and not poisson_sampling:
+            sampling = "given"
         sigma = check_noise_multiplier(noise_multiplier) if noise_multiplier is not None else None
         norm = check_max_grad_norm(max_grad_norm, per_layer=clipping == "per_layer")
+        noise = Noise(multiplier=sigma, target_epsilon=target_epsilon,
+                      schedule=schedule_spec(noise_schedule),
+                      strategy=strategy_from_dict(noise_strategy))
         return PrivacyPlan(
-            selection=Selection(sample_rate=rate, kind=sampling,
-                                schedule=schedule_spec(sample_rate_schedule)),
+            selection=selection_for(noise, rate, sampling, sampling_groups,
+                                    schedule_spec(sample_rate_schedule)),
             clipping=Clipping(max_grad_norm=tuple(norm) if isinstance(norm, list) else norm,
                               kind=clipping, target_unclipped_quantile=target_unclipped_quantile,
                               clipbound_learning_rate=clipbound_learning_rate,
                               count_noise_std=count_noise_std),
-            noise=Noise(multiplier=sigma, target_epsilon=target_epsilon,
-                        schedule=schedule_spec(noise_schedule)),
-            accountant=self.accountant.name, delta=target_delta,
+            noise=noise, accountant=self.accountant.name, delta=target_delta,
             randomness=self._planned_randomness(noise_generator), unit=unit)
 
     def make_private(self, *, module: nn.Module, optimizer: Optimizer, data_loader: DataLoader,
@@ -267,7 +301,9 @@ class PrivacyEngine:
                      batch_first: bool = True, loss_reduction: str = "mean",
                      target_unclipped_quantile: float = 0.5, clipbound_learning_rate: float = 0.2,
                      count_noise_std: float | None = None, privacy_unit: str = "example",
-                     user_ids: Any = None, max_examples_per_user: int | None = None
+                     user_ids: Any = None, max_examples_per_user: int | None = None,
+                     sampling_groups: int | None = None,
+                     noise_strategy: NoiseStrategy | None = None
                      ) -> tuple[Any, DPOptimizer, Any]:
         """The private (module, optimizer, data_loader) of `plan`; see docs/python-api.md.
 
@@ -279,8 +315,11 @@ class PrivacyEngine:
         dptrain.privacy.user_level): `user_ids` holds one user id per example of the loader's
         dataset; users are Poisson-sampled at q = batch_size / N_users, each contributes at most
         `max_examples_per_user` examples (None: all) and its mean gradient is clipped to
-        max_grad_norm. Raises PrivacyError / ConfigError naming the argument for any unusable
-        value.
+        max_grad_norm. `noise_strategy` (dptrain.privacy.noise; None: independent DP-SGD noise)
+        correlates the noise across steps; its steps are charged by the plan's AccountingEvent
+        (dptrain.accounting.events: amplified banded MF, or the unamplified sensitivity), never
+        as DP-SGD. Raises PrivacyError / ConfigError naming the argument for any
+        unusable value.
         """
         if plan is None:
             if noise_multiplier is None:
@@ -293,7 +332,12 @@ class PrivacyEngine:
                 target_unclipped_quantile=target_unclipped_quantile,
                 clipbound_learning_rate=clipbound_learning_rate, count_noise_std=count_noise_std,
                 noise_generator=noise_generator, privacy_unit=privacy_unit, user_ids=user_ids,
-                max_examples_per_user=max_examples_per_user)
+                max_examples_per_user=max_examples_per_user, sampling_groups=sampling_groups,
+                noise_strategy=noise_strategy)
+        elif (noise_strategy is not None
+              and strategy_from_dict(noise_strategy) != plan.noise.strategy):
+            raise ConfigError(f"noise_strategy={noise_strategy!r} differs from the plan's "
+                              f"{plan.noise.strategy!r}: give the strategy in the plan alone.")
         if performance is None:
             performance = PerformanceSettings(grad_sample_mode=grad_sample_mode)
         return self._build(plan, performance, module, optimizer, data_loader, noise_generator,
@@ -351,17 +395,17 @@ class PrivacyEngine:
                 sample_rate=sample_rate,
                 noise_generator=noise_generator or self.noise_generator,
                 secure_mode=self.secure_mode, noise_schedule=noise_sched,
-                sample_rate_source=getattr(private_loader, "batch_sample_rate", None))
+                sample_rate_source=getattr(private_loader, "batch_sample_rate", None),
+                noise_strategy=plan.noise.strategy)
         except BaseException:
             if source is not module:  # a wrapper made here: leave the user's model as it was
                 source.remove_hooks()
             raise
         if callable(getattr(private_loader, "add_hand_out_listener", None)):
             dp_optimizer.follow_loader(private_loader)
+            dp_optimizer.one_batch_per_step = plan.selection.kind == "cyclic_poisson"
         dp_optimizer.attach_step_hook(self._account_step)
-        if plan.selection.accounting != getattr(self.accountant, "sampling", "poisson"):
-            # the accountant of the plan's selection (e.g. shuffle: no amplification)
-            self.accountant = get_accountant(self.accountant.name, plan.selection.accounting)
+        self.accountant = accountant_for(self.accountant, plan.accounting)
         self.optimizer, self.data_loader, self.dataset_size = dp_optimizer, private_loader, num_samples
         self.plan, self.performance = plan, performance
         self.privacy_unit = plan.unit.kind
@@ -566,6 +610,11 @@ class PrivacyEngine:
         non-Poisson sampling is allowed."""
         kind = plan.selection.kind
         self.poisson_sampling = kind == "poisson"
+        if kind == "cyclic_poisson":
+            return loader_class.from_data_loader(data_loader, sample_rate=plan.selection.sample_rate,
+                                                 groups=plan.selection.groups,
+                                                 generator=self.sampling_generator,
+                                                 secure=self.secure_mode)
         if kind == "shuffle":
             return loader_class.from_data_loader(data_loader, sample_rate=plan.selection.sample_rate,
                                                  generator=self.sampling_generator,

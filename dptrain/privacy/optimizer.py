@@ -44,6 +44,7 @@ from dptrain.checks import check_noise_multiplier, check_sample_rate
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.grad_sample.ghost_math import norm_dtype
 from dptrain.privacy.clipping import Clipper, FlatClipper, PerSampleSource
+from dptrain.privacy.noise import NoiseStrategy, check_compatible, strategy_from_dict
 from dptrain.randomness import entropy_generator, gaussian_noise
 from dptrain.privacy.schedules import Schedule
 
@@ -75,7 +76,16 @@ class DPOptimizer(Optimizer):
             (`DPDataLoader.batch_sample_rate`). When given, it is the one home of q: each batch
             handed out and each real step take q (and expected batch size q * N) from it, so the
             accountant charges the q a batch was really drawn with, whatever the loop skipped.
+        noise_strategy: how the noise of the steps is correlated (dptrain.privacy.noise; None:
+            Independent, DP-SGD). The i.i.d. draw of each step is made as for independent noise
+            and passed through the strategy's generator, whose buffers are part of
+            `dp_state_dict`.
     """
+
+    #: Refuse a step when the linked loader handed out more than one batch since the previous
+    #: step (set for cyclic Poisson sampling: a skipped batch would shift the groups against the
+    #: steps, and an example could take part in steps fewer than `groups` apart).
+    one_batch_per_step: bool = False
 
     def __init__(self, optimizer: Optimizer, noise_multiplier: float,
                  max_grad_norm: float | None, expected_batch_size: float,
@@ -83,7 +93,8 @@ class DPOptimizer(Optimizer):
                  noise_generator: torch.Generator | None = None, secure_mode: bool = False,
                  noise_schedule: Schedule | None = None,
                  sample_rate_schedule: Schedule | None = None,
-                 sample_rate_source: SampleRateSource | None = None) -> None:
+                 sample_rate_source: SampleRateSource | None = None,
+                 noise_strategy: NoiseStrategy | None = None) -> None:
         if isinstance(optimizer, DPOptimizer):
             raise ConfigError("optimizer is already a DPOptimizer: pass the plain torch optimizer.")
         self.original_optimizer = optimizer
@@ -111,6 +122,13 @@ class DPOptimizer(Optimizer):
                               "sampler draws each batch at its scheduled q and tells the optimizer.")
         self.sample_rate_schedule = sample_rate_schedule
         self.sample_rate_source = sample_rate_source
+        self.noise_strategy = strategy_from_dict(noise_strategy)
+        check_compatible(self.noise_strategy, noise_schedule=noise_schedule is not None,
+                         rate_schedule=sample_rate_schedule is not None,
+                         clipping=self.clipper.name)
+        #: (C^{-1} Z)_t from the draw Z_t, per parameter (its buffers are resume state)
+        self.noise_generator_state = self.noise_strategy.generator()
+        self._noise_keys = {id(p): i for i, p in enumerate(self.params)}
         self.steps_taken = 0
         self.last_charge: tuple[float, float] | None = None  # (sigma, q) of the last step
         self._step_hooks: list[StepHook] = []
@@ -276,6 +294,14 @@ class DPOptimizer(Optimizer):
                 "batch (the loop iterates the original DataLoader, or steps twice on one batch), "
                 "yet the accountant would charge it as one. Iterate the data loader returned by "
                 "make_private and call optimizer.step() once per batch.")
+        if self.one_batch_per_step and (self._batches_since_step or 0) > 1:
+            self._refuse(
+                f"the private data loader handed out {self._batches_since_step} batches since the "
+                "previous step, but with cyclic Poisson sampling step t must release the batch of "
+                "group t mod groups: a skipped batch would let an example take part in steps "
+                "closer than the groups apart, which the accounting of banded noise assumes "
+                "never happens. Call optimizer.step() once for every batch of the loader (an "
+                "empty batch included).")
         if self._earlier_sum_pending:
             self._refuse(
                 "the clipped sum accumulated by skipped steps (signal_skip_step) belongs to an "
@@ -296,8 +322,15 @@ class DPOptimizer(Optimizer):
         return self.clipper.gradient_noise_multiplier(self.noise_multiplier) * self.clipper.max_grad_norm
 
     def _noise(self, p: nn.Parameter, std: float) -> Tensor:
-        """The noise for parameter `p`: N(0, std^2) of p's shape in float32/64 on p's device, a
-        fresh tensor the caller may write into."""
+        """The noise for parameter `p` at this step: the i.i.d. draw N(0, std^2) of p's shape in
+        float32/64 on p's device, passed through the noise strategy's generator ((C^{-1} Z)_t;
+        independent noise: the draw itself). A fresh tensor the caller may write into."""
+        key = self._noise_keys.setdefault(id(p), len(self._noise_keys))
+        return self.noise_generator_state(key, self._noise_draw(p, std))
+
+    def _noise_draw(self, p: nn.Parameter, std: float) -> Tensor:
+        """The i.i.d. draw Z_t for `p`: N(0, std^2) of p's shape, float32 (float64 for float64
+        parameters), on p's device, from the noise generator or the OS CSPRNG."""
         dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
         return gaussian_noise(p.shape, std, self.noise_generator, self.secure_mode,
                               device=p.device, dtype=dtype)
@@ -405,13 +438,25 @@ class DPOptimizer(Optimizer):
             self.expected_batch_size = self.sample_rate * self._public_size
 
     def dp_state_dict(self) -> dict[str, Any]:
-        """The DP state to resume exactly: step count, current sigma/q, clipper state."""
+        """The DP state to resume exactly: step count, current sigma/q, clipper state, and the
+        correlated-noise buffers (exact CPU copies; empty for independent noise)."""
         return {"steps_taken": self.steps_taken, "noise_multiplier": self.noise_multiplier,
                 "sample_rate": self.sample_rate, "expected_batch_size": self.expected_batch_size,
-                "clipper": self.clipper.state_dict()}
+                "clipper": self.clipper.state_dict(),
+                "noise_strategy": self.noise_strategy.to_dict(),
+                "noise_buffers": self.noise_generator_state.state_dict()}
 
     def load_dp_state_dict(self, state: dict[str, Any]) -> None:
-        """Inverse of `dp_state_dict`."""
+        """Inverse of `dp_state_dict`; ConfigError when it holds another noise strategy's
+        buffers (a state without any, written before noise strategies existed, is independent)."""
+        recorded = strategy_from_dict(state.get("noise_strategy"))
+        if recorded != self.noise_strategy:
+            raise ConfigError(f"the saved DP state was made with the noise strategy "
+                              f"{recorded.to_dict()}, not this optimizer's "
+                              f"{self.noise_strategy.to_dict()}: its noise buffers cannot continue "
+                              "this run. Resume with the same privacy.noise settings.")
+        if state.get("noise_buffers") is not None:
+            self.noise_generator_state.load_state_dict(state["noise_buffers"])
         self.clipper.load_state_dict(state["clipper"])
         self.steps_taken = int(state["steps_taken"])
         self.noise_multiplier = float(state["noise_multiplier"])

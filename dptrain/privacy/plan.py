@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from dptrain.accounting.calibration import get_noise_multiplier
+from dptrain.accounting.events import AccountingEvent
 from dptrain.accounting.history import steps_per_epoch
 from dptrain.accounting.registry import accountant_class
 from dptrain.checks import (
@@ -33,19 +34,24 @@ from dptrain.checks import (
     default_delta,
     one_of,
 )
+from dptrain.data.cyclic_sampling import check_groups
 from dptrain.data.user_sampling import check_max_examples_per_user
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import CLIPPING_MODES
+from dptrain.privacy.noise import Independent, NoiseStrategy, check_compatible, strategy_from_dict
 from dptrain.privacy.user_level import PRIVACY_UNITS as UNITS
 
 # Who epsilon protects (UNITS): "example" (datasets differing in one training example) or
 # "user" (in all the examples of one user: dptrain.privacy.user_level).
 # How batches are selected: "poisson" (each example joins each batch with probability q,
-# amplified accounting) or "shuffle" (fixed-size batches of a fresh shuffle each epoch,
-# accounted without amplification: dptrain.accounting.shuffle). "given": the Python caller's own
-# loader (make_private(poisson_sampling=False, allow_non_poisson=True)), accounted as if Poisson:
-# NOT a guarantee (the engine warns; the CLI never builds one).
-SELECTIONS = ("poisson", "shuffle", "given")
+# amplified accounting), "shuffle" (fixed-size batches of a fresh shuffle each epoch,
+# accounted without amplification: dptrain.accounting.shuffle) or "cyclic_poisson" (the examples
+# split once into `groups` groups, group t mod groups Poisson-sampled at step t: each example at
+# most once every `groups` steps, as banded correlated noise needs; dptrain.data.cyclic_sampling).
+# "given": the Python caller's own loader (make_private(poisson_sampling=False,
+# allow_non_poisson=True)), accounted as if Poisson: NOT a guarantee (the engine warns; the CLI
+# never builds one).
+SELECTIONS = ("poisson", "shuffle", "cyclic_poisson", "given")
 COMMAND_SELECTIONS = tuple(kind for kind in SELECTIONS if kind != "given")  # privacy.sampling
 RANDOMNESS = ("os_entropy", "secure", "reproducible")
 GRAD_SAMPLE_MODES = ("hooks", "ghost")
@@ -72,23 +78,40 @@ class Unit:
 
 @dataclass(frozen=True)
 class Selection:
-    """Batch selection: `kind` (poisson | shuffle) and q, each example's share of a batch.
+    """Batch selection: `kind` (poisson | shuffle | cyclic_poisson) and q, each example's share
+    of a batch: the expected number of batches an example is in per step.
 
     Poisson: q is each example's inclusion probability (expected batch size q N). Shuffle: the
-    batch size is round(q N) and every example is in exactly one batch per epoch. An epoch is
-    `steps_per_epoch` = ceil(1 / q) steps for both. `schedule` (Poisson only) varies q by step.
+    batch size is round(q N) and every example is in exactly one batch per epoch. Cyclic Poisson:
+    the N examples are split once into `groups` groups of N / groups (give or take one), and at
+    step t each example of group t mod groups joins with probability q_group = groups * q (so
+    groups * q <= 1): an example takes part at most once every `groups` steps, on average q
+    times per step as with Poisson, and the expected batch size is q_group |group| ~ q N. An
+    epoch is `steps_per_epoch` = ceil(1 / q) steps for all three. `schedule` (Poisson only)
+    varies q by step.
     """
 
     sample_rate: float
     kind: str = "poisson"
     schedule: Mapping[str, Any] | None = None
+    groups: int = 1
 
     def __post_init__(self) -> None:
         one_of(*SELECTIONS).check(self.kind, "privacy.sampling")
         object.__setattr__(self, "sample_rate", check_sample_rate(self.sample_rate))
-        if self.schedule is not None and self.kind == "shuffle":
+        if self.schedule is not None and self.kind in ("shuffle", "cyclic_poisson"):
             raise ConfigError(f"a sample_rate_schedule needs privacy.sampling=poisson: {self.kind} "
-                              "batches have a fixed size for the whole run. Drop the schedule.")
+                              "batches keep one sample rate for the whole run. Drop the schedule.")
+        self._check_groups()
+
+    def _check_groups(self) -> None:
+        """ConfigError naming privacy.sampling_groups unless it is a count that fits q and the
+        selection is cyclic Poisson when it is above 1."""
+        check_groups(self.groups, self.sample_rate)
+        if self.groups > 1 and self.kind != "cyclic_poisson":
+            raise ConfigError(f"privacy.sampling_groups={self.groups} splits the data for cyclic "
+                              f"Poisson sampling, not for privacy.sampling={self.kind}: set "
+                              "privacy.sampling=cyclic_poisson, or drop privacy.sampling_groups.")
 
     @property
     def steps_per_epoch(self) -> int:
@@ -96,15 +119,26 @@ class Selection:
         return steps_per_epoch(self.sample_rate)
 
     @property
-    def accounting(self) -> str:
-        """How its steps are accounted (dptrain.accounting.get_accountant's `sampling`):
-        "shuffle", or "poisson" (a caller's own loader, "given", too: no guarantee)."""
-        return "shuffle" if self.kind == "shuffle" else "poisson"
+    def min_separation(self) -> int:
+        """The steps between two participations of one example that a correlated noise strategy
+        is optimised for: `groups` under cyclic Poisson sampling (exact), steps_per_epoch for
+        shuffled batches (one per epoch; two can still be adjacent across an epoch boundary,
+        which the accounting charges), 1 for Poisson batches."""
+        if self.kind == "cyclic_poisson":
+            return self.groups
+        return self.steps_per_epoch if self.kind == "shuffle" else 1
+
+    @property
+    def accounting(self) -> AccountingEvent:
+        """How its steps are charged with independent noise (dptrain.accounting.events): its
+        kind ("given", a caller's own loader, as "poisson": no guarantee) and groups.
+        `PrivacyPlan.accounting` adds the noise strategy."""
+        return AccountingEvent("poisson" if self.kind == "given" else self.kind, self.groups)
 
     @property
     def amplified(self) -> bool:
-        """Whether the accounting uses amplification by subsampling (Poisson only)."""
-        return self.kind == "poisson"
+        """Whether the selection allows amplification by subsampling ((cyclic) Poisson)."""
+        return self.kind in ("poisson", "cyclic_poisson")
 
 
 @dataclass(frozen=True)
@@ -129,18 +163,22 @@ class Clipping:
 class Noise:
     """The Gaussian noise: `multiplier` sigma (std in units of C), or None until calibrated to
     `target_epsilon`; with a given sigma, `target_epsilon` is a budget cap (None: no cap).
-    `schedule` varies sigma by step (a given sigma only); `calibrated` says sigma was computed."""
+    `schedule` varies sigma by step (a given sigma only); `calibrated` says sigma was computed.
+    `strategy` correlates the noise across steps (dptrain.privacy.noise: Independent, the
+    default, is DP-SGD; Banded, Blt; a recorded dict is read back with its parameters)."""
 
     multiplier: float | None = None
     target_epsilon: float | None = None
     schedule: Mapping[str, Any] | None = None
     calibrated: bool = False
+    strategy: NoiseStrategy = field(default_factory=Independent)
 
     def __post_init__(self) -> None:
         if self.multiplier is None and self.target_epsilon is None:
             raise PrivacyError("the plan needs a noise multiplier or a target epsilon: pass "
                                "noise_multiplier=1.0 or target_epsilon=3.0 (privacy=sigma or "
                                "privacy=epsilon on the command line).")
+        object.__setattr__(self, "strategy", strategy_from_dict(self.strategy))
         if self.multiplier is not None:
             object.__setattr__(self, "multiplier", check_noise_multiplier(self.multiplier))
         if self.target_epsilon is not None:
@@ -189,10 +227,14 @@ class PrivacyPlan:
             raise ConfigError("privacy.unit=user samples users with Poisson sampling: "
                               f"privacy.sampling={self.selection.kind} (or poisson_sampling=false) "
                               "is not supported with it. Use privacy.sampling=poisson.")
-        if self.selection.kind == "shuffle" and self.clipping.kind == "adaptive":
+        if self.selection.kind in ("shuffle", "cyclic_poisson") and self.clipping.kind == "adaptive":
             raise ConfigError("clipping=adaptive needs sampling=poisson: its clipped count is "
                               "accounted as a Poisson-sampled query. Use clipping=flat or "
-                              "per_layer with shuffled batches.")
+                              f"per_layer with {self.selection.kind} batches.")
+        check_compatible(self.noise.strategy, noise_schedule=self.noise.schedule is not None,
+                         rate_schedule=self.selection.schedule is not None,
+                         clipping=self.clipping.kind)
+        check_selection_fits_noise(self.selection, self.noise)
 
     # -- derived values ------------------------------------------------------------------------
     @property
@@ -204,6 +246,13 @@ class PrivacyPlan:
     def reproducible(self) -> bool:
         """Noise and sampling seeded from a known seed (an opt-in: no guarantee if it is known)."""
         return self.randomness == "reproducible"
+
+    @property
+    def accounting(self) -> AccountingEvent:
+        """What its steps are charged as (dptrain.accounting.events): the selection, its groups
+        and the noise strategy; the engine's accountant, the ledger's recomputation and the
+        planner's calibration all take it to `get_accountant`."""
+        return dataclasses.replace(self.selection.accounting, strategy=noise_strategy(self.noise))
 
     def expected_batch_size(self, num_examples: int) -> float:
         """q N, the public denominator of the averaged noisy gradient (examples)."""
@@ -231,6 +280,7 @@ class PrivacyPlan:
         for part in ("selection", "noise"):
             schedule = out[part]["schedule"]
             out[part]["schedule"] = None if schedule is None else dict(schedule)
+        out["noise"]["strategy"] = self.noise.strategy.to_dict()
         return out
 
     @classmethod
@@ -257,13 +307,95 @@ class PrivacyPlan:
                 if not _same(mine.get(key), theirs.get(key))]
 
 
+# -- the noise strategy and the selection it needs ---------------------------------------------
+def noise_strategy(noise: Noise) -> NoiseStrategy | None:
+    """The correlated noise strategy of `noise` (dptrain.privacy.noise: `toeplitz_column`,
+    `to_dict()`, `name`, and `bands` when banded); None for independent noise, c = (1, 0, ...),
+    which is charged as DP-SGD itself."""
+    strategy = noise.strategy
+    return None if isinstance(strategy, Independent) else strategy
+
+
+def noise_bands(noise: Noise) -> int | None:
+    """b of a banded noise strategy (each example may then take part at most once every b
+    steps for the amplified accounting); None for other noise."""
+    strategy = noise_strategy(noise)
+    if strategy is None or strategy.name != "banded":
+        return None
+    return int(strategy.bands)
+
+
+def selection_for(noise: Noise, sample_rate: float, kind: str | None = None,
+                  groups: int | None = None,
+                  schedule: Mapping[str, Any] | None = None) -> Selection:
+    """The batch selection of a plan with `noise`, `kind` and `groups` as the user gave them
+    (None: not given); `default_selection` of its noise's kind."""
+    strategy = noise_strategy(noise)
+    return default_selection("independent" if strategy is None else strategy.name, sample_rate,
+                             kind, groups, schedule, bands=noise_bands(noise))
+
+
+def default_selection(noise_kind: str, sample_rate: float, kind: str | None = None,
+                      groups: int | None = None, schedule: Mapping[str, Any] | None = None,
+                      bands: int | None = None) -> Selection:
+    """The batch selection for noise of `noise_kind` (independent | banded | blt; `bands` b when
+    banded) with `kind` and `groups` as the user gave them (None: not given).
+
+    The one rule for a missing selection: banded noise of b > 1 bands picks cyclic Poisson
+    sampling with b groups (each example at most once every b steps: the amplified accounting
+    of banded MF); BLT noise picks cyclic Poisson sampling with floor(1 / q) groups (each example
+    at most once every floor(1 / q) steps, about once per epoch: the min-separation schema its
+    sensitivity is computed and its parameters optimised for; under Poisson sampling an example
+    could take part at every step); independent noise picks Poisson sampling. Groups given
+    without a kind mean cyclic Poisson; cyclic Poisson without groups takes the same default."""
+    if noise_kind == "banded" and bands is not None and bands > 1:
+        default_groups = bands
+    elif noise_kind == "blt":
+        default_groups = max(1, math.floor(1.0 / check_sample_rate(sample_rate) + 1e-9))
+    else:
+        default_groups = 1
+    if kind is None:
+        if groups is not None and groups != 1:
+            kind = "cyclic_poisson"
+        else:
+            kind = "poisson" if default_groups == 1 else "cyclic_poisson"
+    if kind == "cyclic_poisson" and groups is None:
+        groups = default_groups
+    return Selection(sample_rate=sample_rate, kind=kind, schedule=schedule,
+                     groups=1 if groups is None else groups)
+
+
+def check_selection_fits_noise(selection: Selection, noise: Noise) -> None:
+    """ConfigError when the noise strategy cannot be accounted with the batch selection: banded
+    noise of b bands under Poisson sampling, or cyclic Poisson of fewer than b groups (an example
+    could take part twice within b steps, and the amplified accounting would not hold), and
+    correlated noise with the caller's own loader (no participation schema to account it)."""
+    bands = noise_bands(noise)
+    if bands is not None and bands > 1 and selection.kind in ("poisson", "cyclic_poisson") \
+            and selection.groups < bands:
+        raise ConfigError(
+            f"privacy.noise=banded with {bands} bands needs each example to take part at most "
+            f"once every {bands} steps, but privacy.sampling={selection.kind} with "
+            f"{selection.groups} group(s) can sample it in consecutive steps. Leave "
+            "privacy.sampling unset (banded noise then picks cyclic Poisson sampling with "
+            f"{bands} groups), or set privacy.sampling=cyclic_poisson "
+            f"privacy.sampling_groups={bands} (or more), or privacy.sampling=shuffle "
+            "(accounted without amplification).")
+    if selection.kind == "given" and AccountingEvent(strategy=noise_strategy(noise)).correlated:
+        raise ConfigError(
+            "correlated noise (privacy.noise other than independent) needs batches dptrain "
+            "selects itself: with the caller's own loader (poisson_sampling=False) no "
+            "participation schema is known to account it. Use sampling='poisson', "
+            "'cyclic_poisson' or 'shuffle'.")
+
+
 def calibrated(plan: PrivacyPlan, epochs: float, tolerance: float = 0.01) -> PrivacyPlan:
     """`plan` with the smallest sigma whose `epochs` epochs spend at most its target epsilon at
     its delta (the plan's accountant and selection); UnreachableEpsilonError when none does."""
     sigma = get_noise_multiplier(target_epsilon=plan.noise.target_epsilon,
                                  target_delta=plan.delta, sample_rate=plan.selection.sample_rate,
                                  epochs=epochs, accountant=plan.accountant,
-                                 epsilon_tolerance=tolerance, sampling=plan.selection.accounting)
+                                 epsilon_tolerance=tolerance, sampling=plan.accounting)
     return plan.with_noise_multiplier(sigma)
 
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dptrain.accounting.history import history_from_json, history_steps, merge_history, steps_after
+from dptrain.accounting.history import (History, history_from_json, history_steps, merge_history,
+                                      steps_after)
 from dptrain.distributed.consistency import check_same_on_every_rank
 from dptrain.distributed.fsdp import load_model_state_dict, load_optimizer_state_dict
 from dptrain.distributed.runtime import is_main_process
@@ -268,10 +269,30 @@ class Resumer:
         history = history_from_json(previous["history"])
         resumed_steps = history_steps(spend.charged) + self.pos.step
         lost = still_charged(history, resumed_steps, exact)
+        self._refuse_shifted_steps(lost)
         spend.charged = merge_history(lost + spend.charged)
         spend.replayed = steps_after(history, resumed_steps) if exact else []
         spend.resumed_at = self.pos.step
         return history_steps(spend.replayed), history_steps(lost)
+
+    def _refuse_shifted_steps(self, lost: History) -> None:
+        """ConfigError when steps an earlier process committed stay charged in addition to the
+        resumed run's and the plan's charge depends on each step's position (cyclic Poisson
+        groups, correlated noise): the resumed steps would sit behind them in the history, out
+        of line with the groups and noise rows they really used, and the accounting would not
+        hold. A clean stop (preemption, completion) or an exact replay leaves no such steps."""
+        plan = self.job.privacy.plan
+        if not lost or plan is None or plan.accounting.plain:
+            return
+        raise ConfigError(
+            f"Cannot resume the run in {str(self.run_dir)!r}: the earlier process committed "
+            f"{history_steps(lost)} step(s) beyond the checkpoint that a resumed process would "
+            "not replay exactly, and with "
+            f"privacy.sampling={plan.selection.kind} (or correlated noise) each step is charged by "
+            "its position (its sampling group, its rows of the noise), which steps charged twice "
+            "would shift. Resume from a checkpoint at the last committed step (runs stopped by "
+            "preemption write one), replay exactly (privacy.reproducible_mechanism=true on the "
+            "CPU), or start a new run in a new folder. Nothing was changed.")
 
     @staticmethod
     def _recorded_data(previous: dict[str, Any], state: dict[str, Any] | None) -> list[str]:

@@ -230,10 +230,28 @@ def test_real_data_or_a_run_without_max_steps_evaluates_the_whole_test_split(tmp
 @pytest.mark.parametrize("overrides, words", [
     (("privacy.sampling=cyclic",), "privacy.sampling"),
     (("privacy.sampling=poisson", "privacy.poisson_sampling=false"), "privacy.sampling alone"),
+    (("privacy.sampling=poisson", "privacy.sampling_groups=2"), "privacy.sampling_groups"),
+    (("privacy.sampling=cyclic_poisson", "privacy.sampling_groups=0"), "privacy.sampling_groups"),
 ])
 def test_an_unusable_batch_selection_is_refused_naming_its_key(overrides, words, tmp_path):
     with pytest.raises(ConfigError, match=words):
         build_job(compose_config("privacy=sigma", *overrides), tmp_path)
+
+
+def test_privacy_epsilon_with_cyclic_poisson_calibrates_sigma_for_the_rounds_of_its_groups(
+        tmp_path):
+    from dptrain.accounting import compute_epsilon
+
+    job, settings = build_job(compose_config("privacy=epsilon", "privacy.sampling=cyclic_poisson",
+                                             "privacy.sampling_groups=2",
+                                             "privacy.target_epsilon=8"), tmp_path)
+    plan = job.privacy.plan
+    steps = settings.epochs * plan.selection.steps_per_epoch
+    spent = compute_epsilon([(plan.noise.multiplier, plan.selection.sample_rate, steps)],
+                            plan.delta, plan.accountant, plan.accounting)
+    assert (plan.selection.kind, plan.selection.groups) == ("cyclic_poisson", 2)
+    assert 8 - 0.01 <= spent <= 8
+    assert job.engine.plan == plan and type(job.train_loader).__name__ == "CyclicPoissonDataLoader"
 
 
 def test_privacy_epsilon_with_shuffled_batches_calibrates_sigma_with_the_shuffled_accounting(

@@ -80,6 +80,10 @@ def test_zero_sigma_reports_infinite_epsilon_without_crashing():
     (["epsilon", "--sigma", "1", "--batch-size", "10", "--steps", "10", "--delta", "1e-5"], "--dataset-size"),
     (["sigma", "--target-epsilon", "1e-9", "--sample-rate", "1", "--steps", "100000", "--delta", "1e-5",
       "--accountant", "rdp"], "target_epsilon"),
+    (["epsilon", "--sigma", "1", "--sample-rate", "0.1", "--steps", "10", "--delta", "1e-5",
+      "--sampling", "poisson", "--sampling-groups", "2"], "--sampling-groups"),
+    (["epsilon", "--sigma", "1", "--sample-rate", "0.1", "--steps", "10", "--delta", "1e-5",
+      "--sampling", "cyclic_poisson", "--sampling-groups", "20"], "--sampling-groups"),
 ])
 def test_bad_input_prints_one_line_error_naming_the_flag_and_exits_2(args, flag, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -130,3 +134,39 @@ def test_a_shuffled_plan_is_answered_with_the_composed_gaussian_under_every_acco
                  "--epochs", "3", "--sampling", "shuffle", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["results"]
     assert {row["epsilon"] for row in rows} == {shuffle_epsilon([(1.0, 0.1, 30)], 1e-4)}
+
+
+@pytest.mark.parametrize("noise", [["--noise", "banded", "--noise-bands", "4"], ["--noise", "blt"]],
+                         ids=["banded", "blt"])
+def test_sigma_for_correlated_noise_is_the_one_privacy_epsilon_calibrates(noise, capsys):
+    from dptrain.cli.privacy_request import PrivacyRequest
+    from dptrain.privacy.plan import calibrated
+
+    assert main(["sigma", "--target-epsilon", "3", "--batch-size", "64", "--dataset-size", "1442",
+                 "--epochs", "2", "--accountant", "prv", "--json", *noise]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    keys = {"noise": noise[1], **({"noise_bands": 4} if noise[1] == "banded" else {})}
+    request = PrivacyRequest.parse({"name": "epsilon", "target_epsilon": 3.0, **keys})
+    plan = calibrated(request.plan(64 / 1442, 1e-5, steps=46), epochs=2)
+    assert answer["inputs"]["sampling"] == "cyclic_poisson"
+    assert answer["inputs"]["sampling_groups"] == plan.selection.groups
+    assert answer["inputs"]["noise"] == plan.noise.strategy.to_dict()
+    assert answer["results"][0]["noise_multiplier"] == plan.noise.multiplier
+
+
+def test_a_cyclic_poisson_plan_is_answered_as_dp_sgd_over_the_rounds_of_its_groups(capsys):
+    assert main(["epsilon", "--sigma", "1.0", "--sample-rate", "0.01", "--steps", "1000",
+                 "--delta", "1e-5", "--sampling", "cyclic_poisson", "--sampling-groups", "4",
+                 "--accountant", "rdp", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert answer["inputs"]["sampling_groups"] == 4
+    # 250 rounds of DP-SGD at the group's rate 4 q
+    assert answer["results"][0]["epsilon"] == compute_epsilon([(1.0, 0.04, 250)], 1e-5, "rdp")
+
+
+def test_sigma_for_cyclic_poisson_meets_the_target_of_its_rounds(capsys):
+    assert main(["sigma", "--target-epsilon", "2", "--sample-rate", "0.01", "--steps", "400",
+                 "--delta", "1e-5", "--sampling", "cyclic_poisson", "--sampling-groups", "4",
+                 "--accountant", "rdp", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["results"][0]
+    assert 2 - 0.01 <= compute_epsilon([(row["noise_multiplier"], 0.04, 100)], 1e-5, "rdp") <= 2

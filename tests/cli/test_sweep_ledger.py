@@ -145,6 +145,21 @@ def test_an_unreadable_job_ledger_makes_the_cost_unknown_not_smaller(tmp_path):
     assert cost["epsilon"] is None and "cannot be read" in cost["cost"]["all_composed"]["reason"]
 
 
+def test_a_job_with_correlated_noise_makes_the_cost_unknown_not_composed_as_poisson_steps(
+        tmp_path):
+    _ledger(make_job(tmp_path, "0", ["a=0"], done(1.0, 0.5)), [(1.0, 0.1, 10)])
+    correlated = make_job(tmp_path, "1", ["a=1"], done(1.0, 0.5))
+    _ledger(correlated, [(1.0, 0.1, 10)])
+    path = correlated / "privacy_ledger.json"
+    data = json.loads(path.read_text())
+    data["accounting"] = {"selection": "poisson", "groups": 1, "relation": "add/remove",
+                          "amplified": False, "sensitivity": 3.2}
+    path.write_text(json.dumps(data))
+    cost = sweep_cost(tmp_path)
+    assert cost["epsilon"] is None
+    assert "job(s) 1 did not use Poisson sampling" in cost["cost"]["all_composed"]["reason"]
+
+
 def test_a_shuffled_job_makes_the_cost_unknown_not_composed_as_poisson_steps(tmp_path):
     _ledger(make_job(tmp_path, "0", ["a=0"], done(1.0, 0.5)), [(1.0, 0.1, 10)])
     _ledger(make_job(tmp_path, "1", ["a=1"], done(1.0, 0.5)), [(1.0, 0.1, 10)], "shuffle")

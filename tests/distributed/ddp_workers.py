@@ -24,6 +24,7 @@ import torch._dynamo  # noqa: F401,E402
 import dptrain.accounting.rdp  # noqa: F401,E402
 import dptrain.grad_sample.ghost  # noqa: F401,E402
 import dptrain.privacy.engine  # noqa: F401,E402
+from dptrain.privacy.noise import Banded  # noqa: E402
 
 N, FEATURES, CLASSES, BATCH = 40, 6, 3, 10
 SEED = 1234
@@ -88,9 +89,12 @@ def make_problem() -> tuple[nn.Module, TensorDataset]:
 def train_private(distributed: bool, steps: int, noise_multiplier: float,
                   grad_sample_mode: str = "hooks", physical: int | None = None,
                   clipping: str = "flat", lr: float = 0.5,
-                  count_noise_std: float | None = None, batch: int = BATCH) -> dict[str, Any]:
+                  count_noise_std: float | None = None, batch: int = BATCH,
+                  noise_strategy: Any = None) -> dict[str, Any]:
     """`steps` DP-SGD steps; DDP-wrapped when `distributed`. Returns parameters, the accountant's
-    history, every step's noise (p.grad * (q N) - p.summed_grad) and this rank's batch indices."""
+    history, every step's noise (p.grad * (q N) - p.summed_grad) and this rank's batch indices.
+    A correlated `noise_strategy` gets the batch selection it picks (banded: cyclic Poisson in
+    as many groups as bands)."""
     from dptrain import BatchMemoryManager
     from dptrain.privacy.engine import PrivacyEngine
 
@@ -101,9 +105,10 @@ def train_private(distributed: bool, steps: int, noise_multiplier: float,
     loader = DataLoader(data, batch_size=batch)
     engine = PrivacyEngine(accountant="rdp", seed=SEED, reproducible_mechanism=True)
     module, optimizer, loader = engine.make_private(
-        module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=noise_multiplier,
-        max_grad_norm=0.3, grad_sample_mode=grad_sample_mode, clipping=clipping,
-        count_noise_std=count_noise_std)
+        module=model, optimizer=optimizer, data_loader=loader,
+        noise_multiplier=noise_multiplier, max_grad_norm=0.3,
+        grad_sample_mode=grad_sample_mode, clipping=clipping,
+        count_noise_std=count_noise_std, noise_strategy=noise_strategy)
     batches: list[list[int]] = []
     noises: list[torch.Tensor] = []
     optimizer.attach_step_hook(lambda opt: noises.append(torch.cat(  # summed_grad: hooks only
@@ -129,6 +134,9 @@ def train_private(distributed: bool, steps: int, noise_multiplier: float,
             "noise": torch.stack(noises), "bound": optimizer.max_grad_norm}
 
 
+# correlated noise: banded, 3 bands (dptrain.privacy.noise)
+BANDED = Banded((1.0, 0.5, 0.25))
+
 SCENARIOS: dict[str, dict[str, Any]] = {
     "hooks_noise0": dict(steps=6, noise_multiplier=0.0),
     "hooks_noise": dict(steps=6, noise_multiplier=1.3),
@@ -140,6 +148,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     # q = 1/40: each rank's shard of 20 examples is empty in ~60% of the steps.
     "empty_shards_noise": dict(steps=12, noise_multiplier=1.3, batch=1, physical=1),
     "noise_std": dict(steps=40, noise_multiplier=1.0, lr=0.0),   # 40 steps x 83 coordinates
+    "banded_virtual_noise": dict(steps=6, noise_multiplier=1.3, physical=3,
+                                 noise_strategy=BANDED),
 }
 
 

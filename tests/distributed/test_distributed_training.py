@@ -60,6 +60,14 @@ def test_virtual_batches_with_noise_add_the_noise_once_per_logical_batch(ranks, 
     _assert_same_model(ranks, single, "hooks_virtual_noise")
 
 
+def test_banded_noise_is_drawn_and_correlated_once_as_in_the_seeded_single_run(ranks, single):
+    assert torch.equal(ranks[0]["banded_virtual_noise"]["params"],
+                       ranks[1]["banded_virtual_noise"]["params"])
+    _assert_same_model(ranks, single, "banded_virtual_noise")
+    assert not torch.allclose(single["banded_virtual_noise"]["params"],
+                              single["hooks_virtual_noise"]["params"])
+
+
 def test_adaptive_clipping_keeps_the_same_bound_on_every_rank(ranks, single):
     bounds = [r["adaptive_noise"]["bound"] for r in ranks]
     assert bounds[0] == bounds[1] == pytest.approx(single["adaptive_noise"]["bound"], abs=ATOL)

@@ -392,3 +392,10 @@ def test_a_model_left_in_eval_mode_is_refused_not_trained_on_noise_alone(mode: s
     torch.nn.functional.cross_entropy(model(x), y).backward()
     with pytest.raises(UnsupportedModuleError, match="in eval mode .* Call model.train"):
         optimizer.step()
+
+
+def test_cyclic_poisson_sampling_on_a_fully_sharded_model_is_refused_naming_the_keys():
+    from dptrain.privacy.engine import private_classes
+
+    with pytest.raises(ConfigError, match="privacy.sampling=cyclic_poisson.*hardware=ddp"):
+        private_classes(distributed=True, selection="cyclic_poisson", sharded=True)

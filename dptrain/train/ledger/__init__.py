@@ -52,6 +52,8 @@ from dptrain.train.ledger.hashing import (  # noqa: F401
 )
 from dptrain.train.ledger.verification import (  # noqa: F401
     Verification,
+    accounting_mismatches,
+    accounting_record,
     available_accountants,
     consistency_errors,
     epsilon_of,

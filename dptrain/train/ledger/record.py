@@ -38,6 +38,7 @@ from dptrain.train.ledger.schema import (
 )
 from dptrain.train.ledger.verification import (
     _as_float,
+    accounting_record,
     available_accountants,
     epsilon_of,
     ledger_sampling,
@@ -266,6 +267,9 @@ class PrivacyLedger:
         self.data["committed_ahead"] = total - int(steps_completed)
         if self.private:
             self.data["epsilon"] = self._claim(history)
+            charge = accounting_record(self.data, history)
+            if charge is not None:
+                self.data["accounting"] = charge
 
     def _claim(self, history: History) -> float:
         return epsilon_of(history, self.data["delta"], self.data["accountant"],
@@ -306,7 +310,9 @@ def mechanism(job: TrainingJob) -> dict[str, Any]:
         "privacy_unit": SHUFFLE_PRIVACY_UNIT if shuffled else PRIVACY_UNIT,
         "sampling": plan.selection.kind if plan.selection.kind != "given"
         else "the caller's loader (no amplification proof)",
-        "amplified": plan.selection.amplified,
+        # amplified by (cyclic) Poisson sampling: a noise column of at most `groups` bands
+        "amplified": plan.selection.amplified and plan.accounting.amplified(
+            plan.selection.groups + 1),
         "clipping": plan.clipping.kind,
         "max_grad_norm": list(norm) if isinstance(norm, tuple) else norm,
         "noise": "gaussian",

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import math
@@ -12,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from dptrain.accounting import ACCOUNTANTS, compute_epsilon
+from dptrain.accounting.events import AccountingEvent
 from dptrain.accounting.history import History, history_from_json, history_steps
 from dptrain.errors import ConfigError
+from dptrain.privacy.plan import PrivacyPlan
 from dptrain.train.ledger.hashing import config_hash
 from dptrain.train.ledger.schema import (
     LEDGER_FILENAME,
@@ -24,9 +27,10 @@ from dptrain.train.ledger.schema import (
 from dptrain.train.ledger_check import edited_ledger_error, first_mismatch, record_mismatches
 
 def epsilon_of(history: History, delta: float, accountant: str,
-               sampling: str = "poisson") -> float:
-    """Epsilon of `history` at `delta` under `accountant` for batches selected by `sampling`
-    (poisson | shuffle); 0.0 for an empty history.
+               sampling: str | AccountingEvent = "poisson") -> float:
+    """Epsilon of `history` at `delta` under `accountant` for steps charged as `sampling`
+    (poisson | shuffle, or the plan's AccountingEvent: `ledger_sampling`); 0.0 for an empty
+    history.
 
     Memoized (the ledger, the guard and the metrics ask for the same histories repeatedly).
     """
@@ -38,15 +42,56 @@ def epsilon_of(history: History, delta: float, accountant: str,
 
 @functools.lru_cache(maxsize=4096)
 def _cached_epsilon(history: tuple[tuple[float, float, int], ...], delta: float,
-                    accountant: str, sampling: str) -> float:
+                    accountant: str, sampling: str | AccountingEvent) -> float:
     return float(compute_epsilon(list(history), delta, accountant=accountant, sampling=sampling))
 
 
-def ledger_sampling(data: dict[str, Any]) -> str:
-    """How a ledger's history is accounted: "shuffle" for a shuffled run's plan, else "poisson"
-    (a version-1 ledger's runs used Poisson sampling)."""
-    plan = data.get("plan") or {}
-    return "shuffle" if plan.get("selection", {}).get("kind") == "shuffle" else "poisson"
+def ledger_sampling(data: dict[str, Any]) -> str | AccountingEvent:
+    """How a ledger's history is charged: the recorded plan's AccountingEvent (its selection,
+    sampling groups and noise strategy, rebuilt from the strategy's recorded parameters), or
+    "poisson" for a ledger without a plan (a version-1 ledger's runs used Poisson sampling)."""
+    plan = data.get("plan")
+    if not plan:
+        return "poisson"
+    return PrivacyPlan.from_dict(plan).accounting
+
+
+def accounting_record(data: dict[str, Any], history: History) -> dict[str, Any] | None:
+    """What the ledger records of how its history is charged when that is not plain DP-SGD
+    (cyclic Poisson sampling or correlated noise): the selection, groups, neighbouring
+    relation, whether amplified, the sensitivity of the noise strategy (units of clip) and the
+    participation schema (dptrain.accounting.events.AccountingEvent.describe); None otherwise."""
+    event = ledger_sampling(data)
+    if not isinstance(event, AccountingEvent) or event.plain:
+        return None
+    key = tuple((float(s), float(q), int(n)) for s, q, n in history)
+    return copy.deepcopy(_cached_describe(event, key))
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_describe(event: AccountingEvent,
+                     history: tuple[tuple[float, float, int], ...]) -> dict[str, Any]:
+    return event.describe(list(history))
+
+
+def accounting_mismatches(data: dict[str, Any], history: History) -> list[str]:
+    """The recorded `accounting` (sensitivity, participation schema) where it differs from the
+    one recomputed from the recorded plan and history, as one "accounting: ..." line; []
+    when they agree (or neither is recorded)."""
+    recorded, recomputed = data.get("accounting"), accounting_record(data, history)
+    if recorded is None and recomputed is None:
+        return []
+    if recorded is not None and recomputed is not None and all(
+            _same_value(recorded.get(k), v) for k, v in recomputed.items()):
+        return []
+    return [f"accounting: records {recorded!r}, the plan and history give {recomputed!r}"]
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal JSON values, floats to a relative 1e-9."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-9)
+    return a == b
 
 
 def available_accountants() -> list[str]:
@@ -162,10 +207,10 @@ def verify_ledger(path: Path | str, accountant: str | None = None,
     if name not in available_accountants():
         raise ConfigError(f"Unknown accountant {name!r} (--accountant); choose one of "
                           f"{available_accountants()}.")
-    recomputed = epsilon_of(history_from_json(data["history"]), data["delta"], name,
-                            ledger_sampling(data))
+    history = history_from_json(data["history"])
+    recomputed = epsilon_of(history, data["delta"], name, ledger_sampling(data))
     claimed = _claim_for(data, name)
-    records = records_beyond_history(path, data)
+    records = records_beyond_history(path, data) + accounting_mismatches(data, history)
     if claimed is None:
         message = f"no claim under {name!r} in the ledger; recomputed only"
         same = True

@@ -1,0 +1,248 @@
+"""Cyclic Poisson sampling: the data split once into b groups, group t mod b Poisson-sampled at
+step t (Choquette-Choo et al. 2023, "Amplified banded matrix factorization").
+
+The N examples are partitioned once per run into b groups of N / b (give or take one) by a
+random permutation, example perm[j] joining group j mod b. At step t, each example of group
+t mod b joins the batch independently with probability q_group = b q, and no other example
+does. q keeps the meaning it has for Poisson sampling, each example's share of a batch per step
+on average (b q once every b steps), so an epoch is still ceil(1 / q) steps, the expected batch
+size is q_group |group| ~ q N and the noise is divided by the public q N as for Poisson batches.
+An example takes part at most once every b steps: what banded correlated noise of b bands needs
+for its amplified accounting (dptrain.accounting.matrix_factorization).
+
+The partition is NOT secret: the accounting holds for a known partition (it charges the group
+whose turn it is as a Poisson-sampled batch), so its seed (`partition_seed`, 62 bits drawn from
+the sampling generator, or the OS CSPRNG in secure mode) is always in `state_dict`, and a resumed
+run keeps its groups; the coins of each step are as secret as Poisson sampling's.
+
+The step index t is the number of batches this sampler handed to the training loop: batches
+drawn ahead by a DataLoader and abandoned (a loop that breaks out of an epoch) are forgotten and
+their step indices drawn again, so that step t of the run is always group t mod b.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dptrain.checks import check_sample_rate
+from dptrain.data.distributed import check_same_sampling, check_shard
+from dptrain.data.sampling import (
+    DPDataLoader,
+    PoissonBatchSampler,
+    _loader_kwargs,
+    dataset_size,
+    default_sample_rate,
+)
+from dptrain.distributed.consistency import check_same_on_every_rank
+from dptrain.distributed.runtime import broadcast_object, get_rank, get_world_size, sync_generator
+from dptrain.errors import ConfigError
+from dptrain.randomness import make_generator, secure_seed, uniform
+
+
+def partition(num_samples: int, groups: int, seed: int) -> torch.Tensor:
+    """The group of each example, LongTensor [num_samples] with values in [0, groups): a
+    random permutation perm (from `seed`) and group[perm[j]] = j mod groups, so the sizes differ
+    by at most one."""
+    order = torch.randperm(num_samples, generator=make_generator(seed))
+    group = torch.empty(num_samples, dtype=torch.long)
+    group[order] = torch.arange(num_samples, dtype=torch.long) % groups
+    return group
+
+
+def check_groups(groups: Any, sample_rate: float, num_samples: int | None = None) -> int:
+    """The number of groups; ConfigError naming privacy.sampling_groups unless it is an integer
+    >= 1 with groups * q <= 1 (each group sampled at rate groups * q) and, when N is given,
+    groups <= N (every group holds an example)."""
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ConfigError(f"privacy.sampling_groups={groups!r} must be an integer >= 1 (the "
+                          "number of groups of cyclic Poisson sampling).")
+    if num_samples is not None and groups > num_samples:
+        raise ConfigError(f"privacy.sampling_groups={groups} exceeds the {num_samples} examples: "
+                          "every group needs an example. Use fewer groups.")
+    if groups * sample_rate > 1.0 + 1e-12:
+        raise ConfigError(
+            f"privacy.sampling_groups={groups} with sample rate q={sample_rate:.4g}: each group "
+            f"would be sampled at groups * q = {groups * sample_rate:.4g} > 1. The expected batch "
+            f"size q N must fit in one group of N / groups examples: use at most "
+            f"{int(1 / sample_rate)} groups or a smaller batch size.")
+    return groups
+
+
+class CyclicPoissonBatchSampler(PoissonBatchSampler):
+    """Batches of cyclic Poisson sampling over range(num_samples) (see the module docstring).
+
+    Args:
+        num_samples: N, the dataset size.
+        sample_rate: q, each example's share of a batch per step (the group's rate is
+            groups * q); the rate every batch is recorded with.
+        groups: b, the number of groups (b q <= 1).
+        steps, generator, secure: as `PoissonBatchSampler` (no sample-rate schedule).
+        partition_seed: the seed of the partition (None: drawn at the first batch from the
+            sampling generator, or the OS CSPRNG in secure mode).
+    """
+
+    def __init__(self, num_samples: int, sample_rate: float, groups: int,
+                 steps: int | None = None, generator: torch.Generator | None = None,
+                 secure: bool = False, partition_seed: int | None = None) -> None:
+        super().__init__(num_samples, sample_rate, steps=steps, generator=generator,
+                         secure=secure)
+        self.groups = check_groups(groups, self.sample_rate, self.num_samples)
+        self.group_rate = min(1.0, self.groups * self.sample_rate)
+        self.partition_seed = partition_seed
+        self._group: torch.Tensor | None = None
+
+    # -- the partition ---------------------------------------------------------------------
+    def new_partition_seed(self) -> int:
+        """A fresh 62-bit partition seed from the sampling generator (the OS CSPRNG in secure
+        mode)."""
+        if self.secure:
+            return secure_seed()
+        return int(torch.randint(0, 2**62, (1,), generator=self.generator).item())
+
+    @property
+    def group_of(self) -> torch.Tensor:
+        """The group of each example, LongTensor [N] (the partition is drawn on first use)."""
+        if self.partition_seed is None:
+            self.partition_seed = self.new_partition_seed()
+        if self._group is None:
+            self._group = partition(self.num_samples, self.groups, self.partition_seed)
+        return self._group
+
+    def group_at(self, step: int) -> int:
+        """The group sampled at step `step`: step mod groups."""
+        return int(step) % self.groups
+
+    # -- drawing ---------------------------------------------------------------------------
+    def _candidates(self, group: int) -> torch.Tensor:
+        """The examples this sampler may draw at a step of `group`, LongTensor [n]."""
+        return (self.group_of == group).nonzero().flatten()
+
+    def draw(self) -> list[int]:
+        """One batch: each example of group (step mod groups) with probability groups * q."""
+        members = self._candidates(self.group_at(self.batches_drawn))
+        mask = uniform(len(members), self.generator, self.secure) < self.group_rate
+        self.batches_drawn += 1
+        return members[mask].tolist()
+
+    def forget_pending(self) -> None:
+        """Forget the batches drawn and not handed out (an abandoned iterator's prefetch): the
+        next batch drawn is that of the next step handed out, of the group of that step."""
+        self.batches_drawn -= len(self.pending_rates)
+        self.pending_rates.clear()
+
+    # -- state -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """As `PoissonBatchSampler.state_dict` (steps counted as handed out), with the
+        partition's seed (always: the partition is not secret, and must survive a resume)."""
+        state = super().state_dict()
+        state["batches_drawn"] = self.batches_drawn - len(self.pending_rates)
+        state["groups"] = self.groups
+        state["partition_seed"] = self.partition_seed
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s output: the same partition and the step count."""
+        if int(state.get("groups", self.groups)) != self.groups:
+            raise ConfigError(f"the checkpoint's sampler split the data into {state['groups']} "
+                              f"groups, this run into {self.groups}: resume with "
+                              f"privacy.sampling_groups={state['groups']}.")
+        super().load_state_dict(state)
+        self.pending_rates.clear()
+        if state.get("partition_seed") is not None:
+            self.partition_seed = int(state["partition_seed"])
+            self._group = None
+
+
+class DistributedCyclicPoissonBatchSampler(CyclicPoissonBatchSampler):
+    """This rank's part of each cyclic Poisson batch: the sampled members i of the step's group
+    with i % W == rank (every rank holds the same partition, broadcast from rank 0).
+
+    Generator mode: every rank holds the same generator state and draws the coins of the whole
+    group, keeping its shard (the union is the batch one process would draw). Secure mode: each
+    rank draws the coins of its own members of the group from the OS CSPRNG.
+    """
+
+    def __init__(self, num_samples: int, sample_rate: float, groups: int, *,
+                 rank: int | None = None, world_size: int | None = None,
+                 steps: int | None = None, generator: torch.Generator | None = None,
+                 secure: bool = False) -> None:
+        super().__init__(num_samples, sample_rate, groups, steps=steps, generator=generator,
+                         secure=secure)
+        self.rank = get_rank() if rank is None else rank
+        self.world_size = get_world_size() if world_size is None else world_size
+        check_shard(self.num_samples, self.rank, self.world_size)
+
+    def draw(self) -> list[int]:
+        """This rank's indices of one cyclic Poisson batch (sorted; possibly empty)."""
+        members = self._candidates(self.group_at(self.batches_drawn))
+        mine = members % self.world_size == self.rank
+        if self.secure:
+            mask = uniform(int(mine.sum()), None, True) < self.group_rate
+            picked = members[mine][mask]
+        else:
+            mask = uniform(len(members), self.generator, False) < self.group_rate  # shared
+            picked = members[mine & mask]
+        self.batches_drawn += 1
+        return picked.tolist()
+
+
+class CyclicPoissonDataLoader(DPDataLoader):
+    """A DataLoader whose batches are cyclic Poisson samples (see `CyclicPoissonBatchSampler`);
+    `sample_rate` is q (the group's rate is groups * q)."""
+
+    def __init__(self, dataset: Any, sample_rate: float, *, groups: int,
+                 steps: int | None = None, generator: torch.Generator | None = None,
+                 secure: bool = False, collate_fn: Any = None, **loader_kwargs: Any) -> None:
+        sampler = CyclicPoissonBatchSampler(len(dataset), sample_rate, groups, steps=steps,
+                                            generator=generator, secure=secure)
+        self._init_loader(dataset, sampler, collate_fn, loader_kwargs)
+
+    def __iter__(self) -> Any:
+        """A fresh iterator; the batches an abandoned one drew ahead are drawn again."""
+        self.poisson_sampler.forget_pending()  # type: ignore[attr-defined]
+        return super().__iter__()
+
+    @classmethod
+    def from_data_loader(cls, data_loader: Any, *, sample_rate: float | None = None,
+                         groups: int = 1, generator: torch.Generator | None = None,
+                         secure: bool = False, sample_rate_schedule: Any = None,
+                         steps: int | None = None) -> CyclicPoissonDataLoader:
+        """A cyclic Poisson loader over `data_loader`'s dataset (q = batch_size / N by
+        default), keeping its workers and collate."""
+        if sample_rate_schedule is not None:
+            raise ConfigError("cyclic Poisson sampling keeps one sample rate for the whole run: "
+                              "a sample_rate_schedule needs privacy.sampling=poisson.")
+        size = dataset_size(data_loader)
+        if sample_rate is None:
+            sample_rate = default_sample_rate(data_loader, size)
+        return cls(data_loader.dataset, check_sample_rate(sample_rate, "data_loader batch_size / N"),
+                   groups=groups, steps=steps, generator=generator, secure=secure,
+                   collate_fn=data_loader.collate_fn, **_loader_kwargs(data_loader))
+
+
+class DistributedCyclicPoissonDataLoader(CyclicPoissonDataLoader):
+    """A CyclicPoissonDataLoader whose batch sampler is a `DistributedCyclicPoissonBatchSampler`:
+    each rank's loader yields that rank's shard of every logical batch (q and the groups are
+    those of the whole dataset). Building it is a collective: the ranks check that they sample
+    alike, take rank 0's sampling generator state (outside secure mode) and rank 0's partition
+    seed."""
+
+    def __init__(self, dataset: Any, sample_rate: float, *, groups: int,
+                 rank: int | None = None, world_size: int | None = None, group: Any = None,
+                 steps: int | None = None, generator: torch.Generator | None = None,
+                 secure: bool = False, collate_fn: Any = None, **loader_kwargs: Any) -> None:
+        check_same_sampling(len(dataset), sample_rate, steps, secure, False, group=group,
+                            reproducible=generator is not None and not secure)
+        check_same_on_every_rank({"sampling_groups": groups}, "the cyclic Poisson loader",
+                                 "every rank must split the data into the same number of groups "
+                                 "(privacy.sampling_groups).", group=group)
+        sampler = DistributedCyclicPoissonBatchSampler(
+            len(dataset), sample_rate, groups, rank=get_rank(group) if rank is None else rank,
+            world_size=get_world_size(group) if world_size is None else world_size, steps=steps,
+            generator=generator, secure=secure)
+        if not secure:
+            sync_generator(sampler.generator, group=group)
+        sampler.partition_seed = int(broadcast_object(sampler.new_partition_seed(), group=group))
+        self._init_loader(dataset, sampler, collate_fn, loader_kwargs)
