@@ -46,6 +46,18 @@ def test_an_audited_run_writes_audit_json_beside_the_ledger_and_records_it(dptra
     assert "empirical lower bound" in out and "consistent" in out
 
 
+@pytest.mark.parametrize("noise", [["privacy.noise=banded", "privacy.noise_bands=4"],
+                                   ["privacy.noise=blt"]], ids=["banded", "blt"])
+def test_a_run_with_correlated_noise_is_audited_against_its_own_epsilon(dptrain, tmp_path, noise):
+    code, _, err = dptrain("audit", *SHORT, *noise, f"hydra.run.dir={tmp_path / 'run'}")
+    assert code == 0, err
+    audit = read_json(tmp_path / "run" / "audit.json")
+    ledger = load_ledger(tmp_path / "run")
+    assert ledger["plan"]["noise"]["strategy"]["name"] == noise[0].split("=")[1]
+    assert audit["claimed_epsilon"] == pytest.approx(ledger["epsilon"])
+    assert 0 <= audit["lower_bound"] <= audit["claimed_epsilon"]
+
+
 def test_an_audited_run_prints_where_it_wrote_the_audit_and_its_figure(dptrain, tmp_path):
     code, out, _ = dptrain("audit", *SHORT, f"hydra.run.dir={tmp_path / 'run'}")
     assert code == 0
