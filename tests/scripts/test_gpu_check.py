@@ -40,6 +40,7 @@ def is_measurement(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
+@pytest.mark.slow  # the whole smoke mode: about 90 s of two cores
 def test_the_quick_mode_runs_every_part_and_exits_zero(quick_run) -> None:
     result, document = quick_run
     assert result.returncode == 0, result.stdout + result.stderr
@@ -49,12 +50,14 @@ def test_the_quick_mode_runs_every_part_and_exits_zero(quick_run) -> None:
     assert document["summary"] == {**document["summary"], "parts": 6, "ok": 6, "not_ok": []}
 
 
+@pytest.mark.slow  # the whole smoke mode: about 90 s of two cores
 def test_the_json_records_the_device_and_the_versions(quick_run) -> None:
     environment = quick_run[1]["environment"]
     assert environment["device"] == "cpu" and environment["device_name"]
     assert environment["torch"] and "cuda" in environment and "cudnn" in environment
 
 
+@pytest.mark.slow  # the whole smoke mode: about 90 s of two cores
 def test_every_benchmark_record_holds_real_step_times_throughput_and_memory(quick_run) -> None:
     for name in PARTS[1:]:
         records = quick_run[1]["parts"][name]["records"]
@@ -68,6 +71,7 @@ def test_every_benchmark_record_holds_real_step_times_throughput_and_memory(quic
                 assert record["time_x_plain"] == record["memory_x_plain"] == 1.0
 
 
+@pytest.mark.slow  # the whole smoke mode: about 90 s of two cores
 def test_each_16_bit_configuration_is_compared_with_its_fp32_run(quick_run) -> None:
     document = quick_run[1]
     rows = document["precision_multiples"]
@@ -78,6 +82,7 @@ def test_each_16_bit_configuration_is_compared_with_its_fp32_run(quick_run) -> N
         assert is_measurement(row["time_x_fp32"]) and is_measurement(row["memory_x_fp32"]), row
 
 
+@pytest.mark.slow  # the whole smoke mode: about 90 s of two cores
 def test_the_cuda_tests_are_counted_and_skipped_without_a_gpu(quick_run) -> None:
     tests = quick_run[1]["parts"]["cuda_tests"]
     assert tests["files"] and all("test_" in f for f in tests["files"])
