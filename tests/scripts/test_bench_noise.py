@@ -1,22 +1,14 @@
 """Smoke test of scripts/bench_noise.py on tiny settings (no timing assertions)."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_noise.py"
+from script_loader import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_noise", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_noise"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_noise")
 
 
 def test_each_strategy_gets_a_time_ratio_and_holds_its_stated_copies_of_the_parameters(

@@ -1,21 +1,13 @@
 """Smoke test of scripts/benchmark_clipping.py on tiny settings (no timing assertions)."""
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "benchmark_clipping.py"
+from script_loader import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmark_clipping", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmark_clipping"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmark_clipping")
 
 
 def test_time_methods_reports_median_and_fastest_step_of_every_method(bench) -> None:

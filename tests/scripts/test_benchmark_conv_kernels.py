@@ -1,16 +1,10 @@
 """Smoke test of scripts/benchmark_conv_kernels.py on a tiny setting (no timing assertions)."""
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "benchmark_conv_kernels.py"
+from script_loader import load_script
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("benchmark_conv_kernels", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmark_conv_kernels")
 
 
 def test_both_kernels_are_timed_agree_and_the_rule_choice_is_shown(capsys) -> None:

@@ -1,6 +1,5 @@
 """Smoke test of scripts/benchmark_e2e.py on a tiny configuration (no timing assertions)."""
 
-import importlib.util
 import json
 import sys
 from dataclasses import asdict
@@ -9,21 +8,17 @@ from pathlib import Path
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-SCRIPT = SCRIPTS / "benchmark_e2e.py"
 BATCH_SIZES = [4, 8]
 
 sys.path.insert(0, str(SCRIPTS))
 import _bench_data  # noqa: E402
 import _bench_report  # noqa: E402
+from script_loader import load_script
 
 
 def load_benchmark():
     """Import the script as a module (it puts scripts/ on sys.path for its helpers)."""
-    spec = importlib.util.spec_from_file_location("benchmark_e2e", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmark_e2e"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmark_e2e")
 
 
 @pytest.fixture(scope="module")

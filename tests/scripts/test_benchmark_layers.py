@@ -1,23 +1,15 @@
 """Smoke test of scripts/benchmark_layers.py on tiny settings (no timing assertions)."""
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "benchmark_layers.py"
+from script_loader import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("benchmark_layers", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmark_layers"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmark_layers")
 
 
 def test_table_has_plain_and_wrapped_time_and_memory_with_their_ratios(bench, tmp_path, capsys) -> None:

@@ -1,22 +1,14 @@
 """Smoke test of scripts/compare_noise.py on one short epoch (no accuracy assertions)."""
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "compare_noise.py"
+from script_loader import load_script
 
 
 @pytest.fixture(scope="module")
 def compare():
-    spec = importlib.util.spec_from_file_location("compare_noise", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["compare_noise"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("compare_noise")
 
 
 def test_every_mechanism_spends_the_same_epsilon_over_the_same_steps(compare, tmp_path,

@@ -2,7 +2,6 @@
 part, and the figures in it are measurements; a part that fails or runs too long is recorded and
 the next one runs."""
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -10,20 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
 PARTS = ["cuda_tests", "e2e_fp32", "e2e_bf16_autocast", "hf_fp32", "hf_bf16_weights",
          "hf_bf16_autocast"]
 SIXTEEN_BIT = ["e2e_bf16_autocast", "hf_bf16_weights", "hf_bf16_autocast"]
-
-
-def load_script():
-    """Import the script as a module."""
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +83,7 @@ def test_the_cuda_tests_are_counted_and_skipped_without_a_gpu(quick_run) -> None
 
 def test_a_part_over_its_limit_or_failing_is_recorded_and_the_next_part_runs(
         tmp_path, monkeypatch) -> None:
-    script = load_script()
+    script = load_script("gpu_check")
     monkeypatch.setattr(script, "plan", lambda quick: [
         script.Part("cuda_tests", "tests", 1),
         script.Part("broken", "benchmark", 120, ["--models", "no_such_model"]),
@@ -105,7 +96,7 @@ def test_a_part_over_its_limit_or_failing_is_recorded_and_the_next_part_runs(
 
 
 def test_a_spent_budget_leaves_the_remaining_parts_not_run(tmp_path) -> None:
-    script = load_script()
+    script = load_script("gpu_check")
     out = tmp_path / "check.json"
     assert script.main(["--device", "cpu", "--budget-s", "1", "--out", str(out)]) == 1
     document = json.loads(out.read_text())
