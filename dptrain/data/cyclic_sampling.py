@@ -26,14 +26,12 @@ from typing import Any
 
 import torch
 
-from dptrain.checks import check_sample_rate
 from dptrain.data.distributed import check_same_sampling, check_shard
 from dptrain.data.sampling import (
     DPDataLoader,
     PoissonBatchSampler,
     _loader_kwargs,
-    dataset_size,
-    default_sample_rate,
+    loader_sample_rate,
 )
 from dptrain.distributed.consistency import check_same_on_every_rank
 from dptrain.distributed.runtime import broadcast_object, get_rank, get_world_size, sync_generator
@@ -214,10 +212,7 @@ class CyclicPoissonDataLoader(DPDataLoader):
         if sample_rate_schedule is not None:
             raise ConfigError("cyclic Poisson sampling keeps one sample rate for the whole run: "
                               "a sample_rate_schedule needs privacy.sampling=poisson.")
-        size = dataset_size(data_loader)
-        if sample_rate is None:
-            sample_rate = default_sample_rate(data_loader, size)
-        return cls(data_loader.dataset, check_sample_rate(sample_rate, "data_loader batch_size / N"),
+        return cls(data_loader.dataset, loader_sample_rate(data_loader, sample_rate),
                    groups=groups, steps=steps, generator=generator, secure=secure,
                    collate_fn=data_loader.collate_fn, **_loader_kwargs(data_loader))
 

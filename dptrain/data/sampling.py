@@ -305,10 +305,7 @@ class DPDataLoader(DataLoader):
         and the default steps per epoch `steps_per_epoch(q)` = ceil(1 / q): len(data_loader)
         for a loader over N examples in batches of B (drop_last=False).
         """
-        size = dataset_size(data_loader)
-        if sample_rate is None:
-            sample_rate = default_sample_rate(data_loader, size)
-        return cls(data_loader.dataset, check_sample_rate(sample_rate, "data_loader batch_size / N"),
+        return cls(data_loader.dataset, loader_sample_rate(data_loader, sample_rate),
                    steps=steps, generator=generator, secure=secure,
                    sample_rate_schedule=sample_rate_schedule, collate_fn=data_loader.collate_fn,
                    **_loader_kwargs(data_loader))
@@ -332,12 +329,17 @@ class ShuffleDataLoader(DPDataLoader):
         if sample_rate_schedule is not None or steps is not None:
             raise ConfigError("shuffled batches have a fixed size and epoch: a sample_rate_schedule "
                               "or steps needs Poisson sampling.")
-        size = dataset_size(data_loader)
-        if sample_rate is None:
-            sample_rate = default_sample_rate(data_loader, size)
-        return cls(data_loader.dataset, check_sample_rate(sample_rate, "data_loader batch_size / N"),
+        return cls(data_loader.dataset, loader_sample_rate(data_loader, sample_rate),
                    generator=generator, secure=secure, collate_fn=data_loader.collate_fn,
                    **_loader_kwargs(data_loader))
+
+
+def loader_sample_rate(data_loader: DataLoader, sample_rate: float | None) -> float:
+    """`sample_rate`, or the default q of `data_loader` when None (`default_sample_rate`),
+    checked: the q a private loader built from `data_loader` samples with."""
+    if sample_rate is None:
+        sample_rate = default_sample_rate(data_loader, dataset_size(data_loader))
+    return check_sample_rate(sample_rate, "data_loader batch_size / N")
 
 
 def default_sample_rate(data_loader: DataLoader, size: int) -> float:
