@@ -136,6 +136,14 @@ def test_a_correlated_runs_ledger_records_its_strategy_sensitivity_and_participa
             strategy.toeplitz_column(steps), schema) > 1.0
 
 
+def test_a_correlated_runs_ledger_names_its_algorithm_and_noise_not_dp_sgd(
+        correlated_run: tuple[str, Path]) -> None:
+    name, folder = correlated_run
+    mechanism = load_ledger(folder)["mechanism"]
+    assert mechanism["algorithm"].startswith("DP-MF") and mechanism["noise"] != "gaussian"
+    assert mechanism["noise"].startswith("correlated gaussian")
+
+
 def test_the_verifier_recomputes_a_correlated_runs_epsilon_from_its_column(
         correlated_run: tuple[str, Path]) -> None:
     name, folder = correlated_run

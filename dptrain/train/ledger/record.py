@@ -299,14 +299,30 @@ def run_delta(job: TrainingJob) -> float | None:
     return None if job.engine is None else job.privacy.target_delta
 
 
+# noise strategy name -> (the ledger's `algorithm`, its `noise`): independent Gaussian noise
+# each step is DP-SGD; noise correlated across steps by a Toeplitz matrix C is DP-SGD with
+# matrix-factorization noise (DP-MF), its parameters in the recorded plan's noise.strategy
+_ALGORITHMS = {
+    "independent": ("DP-SGD", "gaussian"),
+    "banded": ("DP-MF (banded matrix factorization)", "correlated gaussian (banded Toeplitz)"),
+    "blt": ("DP-MF (buffered linear Toeplitz)", "correlated gaussian (BLT)"),
+}
+
+
+def algorithm_and_noise(strategy: str) -> tuple[str, str]:
+    """The ledger's `algorithm` and `noise` for the noise strategy named `strategy`."""
+    return _ALGORITHMS[strategy]
+
+
 def mechanism(job: TrainingJob) -> dict[str, Any]:
     """The ledger's summary of the mechanism (DP-SGD with its sampling, clipping, noise), read
     off the plan; the full plan is recorded beside it (`plan`)."""
     plan = job.privacy.plan
     norm = plan.clipping.max_grad_norm
     shuffled = plan.selection.kind == "shuffle"
+    algorithm, noise = algorithm_and_noise(plan.noise.strategy.name)
     described: dict[str, Any] = {
-        "algorithm": "DP-SGD",
+        "algorithm": algorithm,
         "privacy_unit": SHUFFLE_PRIVACY_UNIT if shuffled else PRIVACY_UNIT,
         "sampling": plan.selection.kind if plan.selection.kind != "given"
         else "the caller's loader (no amplification proof)",
@@ -315,7 +331,7 @@ def mechanism(job: TrainingJob) -> dict[str, Any]:
             plan.selection.groups + 1),
         "clipping": plan.clipping.kind,
         "max_grad_norm": list(norm) if isinstance(norm, tuple) else norm,
-        "noise": "gaussian",
+        "noise": noise,
         "noise_multiplier": plan.noise.multiplier,
         "sample_rate": plan.selection.sample_rate,
         "expected_batch_size": plan.expected_batch_size(job.engine.dataset_size),  # q N: N units
