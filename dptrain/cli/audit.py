@@ -11,7 +11,7 @@ Config keys (group `audit`, conf/audit/one_run.yaml): kind, canaries, confidence
 guesses, guess_sides, seed, norm_multiplier. Refused before training, naming the key: a
 non-private run (privacy=none claims no finite epsilon), more canaries than the model's
 coordinates (white box) or the training examples (black box) allow, a confidence outside
-(0, 1), resuming from a checkpoint made without canaries, and hardware=ddp.
+(0, 1), resuming from a checkpoint made without canaries, and several ranks (hardware=ddp or fsdp).
 """
 
 from __future__ import annotations
@@ -144,7 +144,8 @@ def audited_run(cfg: Any, run_dir: Path, loggers: Any = None) -> Any:
     audit = audit_settings(resolved.get("audit") or {}, resolved.get("privacy") or {})
     if get_world_size() > 1:
         raise ConfigError("audit runs in one process: its canaries would be inserted once per "
-                          "rank under hardware=ddp. Audit with hardware=cpu or hardware=cuda.")
+                          "rank under hardware=ddp or hardware=fsdp. Audit with hardware=cpu or "
+                          "hardware=cuda.")
     black_box: list[Any] = []
 
     def insert_examples(splits: Any) -> Any:

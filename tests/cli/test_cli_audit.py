@@ -127,3 +127,11 @@ def test_the_command_line_alias_audits_end_to_end(tmp_path):
     done = run_dptrain(["+audit=one_run", *SHORT, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert done.returncode == 0, done.stderr
     assert read_json(tmp_path / "run" / "audit.json")["verdict"].startswith("consistent")
+
+
+def test_an_audit_over_several_ranks_is_refused_naming_ddp_and_fsdp(dptrain, tmp_path,
+                                                                   monkeypatch):
+    monkeypatch.setattr("dptrain.distributed.runtime.get_world_size", lambda: 2)
+    err = _refused(dptrain, "audit", *SHORT, f"hydra.run.dir={tmp_path / 'run'}")
+    assert "hardware=ddp or hardware=fsdp" in err and "hardware=cpu" in err
+    assert not (tmp_path / "run" / "privacy_ledger.json").exists()
