@@ -316,7 +316,7 @@ RECIPES = {name: STAND_INS.get(hub_id, hub_id) for name, hub_id in HF_RECIPES.it
 #: train on the other tokenizer formats: BERT's WordPiece for the classifiers, Llama's for E2E
 OTHER_FORMATS = {"sst2_roberta_full_eps8": "bert", "sst2_roberta_lora_eps8": "bert",
                  "e2e_gpt2_eps8": "llama"}
-#: the pad token each stand-in needs set (model.pad_token), where the recipe's is not in its vocabulary
+#: the pad token a stand-in needs (model.pad_token) where the recipe's is not in its vocabulary
 PAD_OVERRIDES = {"llama": 'model.pad_token="</s>"'}
 
 

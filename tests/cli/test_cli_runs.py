@@ -52,7 +52,8 @@ def test_each_recipe_trains_two_steps_on_synthetic_data_under_a_learning_rate_sc
     factor = LRSchedule(schedule["kind"], warmup_steps=schedule["warmup_steps"]).factor(
         2, schedule["total_steps"])
     lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    assert json.loads(lines[-1])["lr"] == pytest.approx(ledger["config"]["optimizer"]["lr"] * factor)
+    base_rate = ledger["config"]["optimizer"]["lr"]
+    assert json.loads(lines[-1])["lr"] == pytest.approx(base_rate * factor)
 
 
 def test_a_sweep_runs_one_job_per_value_and_writes_its_summary(tmp_path):
