@@ -1,10 +1,13 @@
 """`dptrain` end to end in subprocesses: the default run, every recipe on synthetic data, a sweep."""
 
+import json
 import re
 
 import pytest
 
 from dptrain_runner import QUIET, read_json, run_dptrain, run_in_process
+
+from dptrain.train.lr_schedule import LR_SCHEDULE_NOTE, LRSchedule
 
 TINY = [
     "dataset.synthetic=true",
@@ -28,16 +31,29 @@ def test_the_default_run_reaches_85_percent_and_prints_epsilon(tmp_path):
     assert printed and float(printed.group(1)) == pytest.approx(record["epsilon"], rel=1e-3)
 
 
-@pytest.mark.parametrize(
-    "recipe", ["mnist_cnn", "cifar10_cnn", "imdb_embedding", "imdb_lstm", "digits_quick"]
-)
-def test_each_recipe_trains_two_steps_on_synthetic_data(tmp_path, recipe):
-    result = run_dptrain([f"+recipe={recipe}", "hydra.run.dir=run", *SMOKE], tmp_path)
+#: the schedule each recipe trains under: the lr_schedule group applies to every model
+SCHEDULES = {"mnist_cnn": "linear", "cifar10_cnn": "cosine", "imdb_embedding": "linear",
+             "imdb_lstm": "cosine", "digits_quick": "cosine"}
+
+
+@pytest.mark.parametrize("recipe", list(SCHEDULES))
+def test_each_recipe_trains_two_steps_on_synthetic_data_under_a_learning_rate_schedule(
+        tmp_path, recipe):
+    """Two steps; metrics.jsonl logs the rate the schedule gives the next step, and the ledger
+    records the schedule as costing no privacy."""
+    result = run_dptrain([f"+recipe={recipe}", f"lr_schedule={SCHEDULES[recipe]}",
+                          "hydra.run.dir=run", *SMOKE], tmp_path)
     assert result.returncode == 0, result.stderr
     record = read_json(tmp_path / "run" / "result.json")
     assert record["steps"] == 2 and record["epsilon"] > 0
-    assert (tmp_path / "run" / "metrics.jsonl").exists()
-    assert (tmp_path / "run" / "privacy_ledger.json").exists()
+    ledger = read_json(tmp_path / "run" / "privacy_ledger.json")
+    schedule = ledger["lr_schedule"]
+    assert schedule["kind"] == SCHEDULES[recipe] and schedule["privacy"] == LR_SCHEDULE_NOTE
+    factor = LRSchedule(schedule["kind"], warmup_steps=schedule["warmup_steps"]).factor(
+        2, schedule["total_steps"])
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    base_rate = ledger["config"]["optimizer"]["lr"]
+    assert json.loads(lines[-1])["lr"] == pytest.approx(base_rate * factor)
 
 
 def test_a_sweep_runs_one_job_per_value_and_writes_its_summary(tmp_path):

@@ -6,6 +6,7 @@ Tiny random-init BERT / GPT-2 models (tests/hf_tiny.py, no download) in float64,
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import torch
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from tests.hf_tiny import save_tiny
+from tests.hf_tiny import review_rows, save_tiny
 
 transformers = pytest.importorskip("transformers")
 
@@ -30,6 +31,7 @@ from dptrain.losses import per_sample_token_losses  # noqa: E402
 from dptrain.train.ledger import history_from_json, load_ledger, verify_ledger  # noqa: E402
 
 SEQ = 6
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "hf-trainer.md"
 
 
 class Reviews(Dataset):
@@ -326,3 +328,38 @@ def test_evaluation_uses_the_trainers_own_loss(folders: dict[str, Path], tmp_pat
                              eval_dataset=data, privacy=_privacy())
     assert private.evaluate()["eval_loss"] == pytest.approx(plain.evaluate()["eval_loss"],
                                                             rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- the docs page
+def _page_example() -> str:
+    """The python block under "A complete example" of docs/hf-trainer.md."""
+    section = PAGE.read_text(encoding="utf-8").split("## A complete example", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+
+
+@pytest.mark.slow   # about 17 s on one core: six logical batches of about 1,024 rows
+def test_the_pages_complete_example_runs_as_written_on_a_tiny_bert_and_sst2_shaped_rows(
+        folders: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example, with the hub id replaced by a tiny BERT folder and `load_dataset("glue",
+    "sst2")` by 2,048 training and 64 validation rows in SST-2's columns (sentence, label): the
+    logical batch of 1,024 then samples at q = 1/2, and the run leaves a completed ledger and the
+    saved model in its output_dir."""
+    datasets = pytest.importorskip("datasets")
+
+    def split(count: int) -> Any:
+        rows = review_rows(count)
+        return datasets.Dataset.from_dict({"sentence": [r["review"] for r in rows],
+                                           "label": [r["label"] for r in rows]})
+
+    code = _page_example()
+    assert code.count('"distilbert-base-uncased"') == 1 and 'load_dataset("glue", "sst2")' in code
+    monkeypatch.setattr(datasets, "load_dataset", lambda *_: datasets.DatasetDict(
+        train=split(2048), validation=split(64)))
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code.replace('"distilbert-base-uncased"', repr(str(folders["bert"]))),
+                 str(PAGE), "exec"), {})
+    out = tmp_path / "runs" / "sst2-dp"
+    ledger = load_ledger(out)
+    assert ledger["status"] == "completed" and 0 < ledger["epsilon"] <= 8.0
+    assert {h["sample_rate"] for h in ledger["history"]} == {0.5}
+    assert verify_ledger(out).ok and (out / "config.json").is_file()
