@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from dptrain.opacus.accountants import PRVAccountant
-from tests.compat.test_opacus_examples import _epsilon, _load, _tutorial_cells
+from tests.compat.test_opacus_examples import _load, _tutorial_cells
 from tests.sentiment_sentences import sentences
 
 datasets = pytest.importorskip("datasets")
@@ -40,10 +40,11 @@ def _words(texts: list[str]) -> tuple[str, ...]:
 def _reviews(count: int, offset: int) -> tuple[list[str], list[int]]:
     """`count` reviews, alternately negative (0) and positive (1), each 1-6 sentences of its
     class from sentiment_sentences; review i starts at sentence 7 (offset + i) of its class."""
+    pools = {label: sentences(label) for label in (0, 1)}
     texts, labels = [], []
     for i in range(count):
         label = i % 2
-        pool = sentences(label)
+        pool = pools[label]
         start, length = 7 * (offset + i), 1 + (offset + i) % 6
         texts.append(" ".join(pool[(start + k) % len(pool)] for k in range(length)))
         labels.append(label)
@@ -71,13 +72,14 @@ def _cased_bert_tokenizer(folder: Path) -> Any:
     return hf_tiny.bert_tokenizer(folder, words=_words(sentences(0) + sentences(1)), cased=True)
 
 
-def _run_imdb(package: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+def _run_imdb(package: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, imdb: Any,
               tokenizer: Any) -> tuple[float, Any]:
     """examples/imdb.py's main() for one epoch at its defaults (batch 64, sigma 0.56, C 1.0) on
-    _imdb() and `tokenizer`; (epsilon at delta 1e-5, the engine's accountant)."""
+    the DatasetDict `imdb` and `tokenizer`; (the epsilon it reports after its epoch, at its delta
+    1e-5; the engine's accountant)."""
     def load_dataset(path: str, **kwargs: Any) -> Any:
         assert path == "imdb"
-        return _imdb()
+        return imdb
 
     def from_pretrained(cls: type, name: str, *args: Any, **kwargs: Any) -> Any:
         assert name == "bert-base-cased"
@@ -87,6 +89,24 @@ def _run_imdb(package: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     monkeypatch.setattr(transformers.BertTokenizerFast, "from_pretrained",
                         classmethod(from_pretrained))
     module = _load("imdb", package)
+    reported: list[float] = []
+
+    class ReportingEngine(module.PrivacyEngine):  # type: ignore[name-defined, misc]
+        """Keeps each epsilon the example asks its accountant for (one Opacus PRV epsilon takes
+        about a second: asking again after the run would double the test's time)."""
+
+        def make_private(self, **kwargs: Any) -> tuple:
+            made = super().make_private(**kwargs)
+            accountant, get_epsilon = self.accountant, self.accountant.get_epsilon
+
+            def recorded(*args: Any, **kwargs: Any) -> float:
+                reported.append(float(get_epsilon(*args, **kwargs)))
+                return reported[-1]
+
+            accountant.get_epsilon = recorded
+            return made
+
+    monkeypatch.setattr(module, "PrivacyEngine", ReportingEngine)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["imdb.py", "--device", "cpu", "-n", "1", "-j", "0",
                                       "--data-root", str(tmp_path / "imdb")])
@@ -94,7 +114,8 @@ def _run_imdb(package: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         warnings.simplefilter("ignore")
         module.main()
     (engine,) = module.engines
-    return _epsilon(module, 1e-5), engine.accountant
+    assert len(reported) == 1  # the example's print after its one epoch
+    return reported[0], engine.accountant
 
 
 def _composed_gaussian_epsilon(mu: float, delta: float) -> float:
@@ -115,8 +136,9 @@ def test_imdb_example_is_charged_as_a_shuffle_where_opacus_charges_poisson(monke
     no amplification); Opacus keeps the shuffled loader but charges it as Poisson sampling at
     q = 1 / (batches per epoch), a smaller epsilon than the batches it really trains on allow."""
     tokenizer = _cased_bert_tokenizer(tmp_path / "bert-base-cased")
-    ours, accountant = _run_imdb("dptrain.opacus", monkeypatch, tmp_path, tokenizer)
-    theirs, _ = _run_imdb("opacus", monkeypatch, tmp_path, tokenizer)
+    imdb = _imdb()
+    ours, accountant = _run_imdb("dptrain.opacus", monkeypatch, tmp_path, imdb, tokenizer)
+    theirs, _ = _run_imdb("opacus", monkeypatch, tmp_path, imdb, tokenizer)
     sigma, batches = 0.56, 256 // 64
     assert accountant.history == [(sigma, 64 / 256, batches)]
     assert ours == pytest.approx(_composed_gaussian_epsilon(2 / sigma, 1e-5), rel=1e-6)
