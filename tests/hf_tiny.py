@@ -93,11 +93,12 @@ def byte_level_tokenizer(folder: Path, kind: str) -> Any:
     return transformers.RobertaTokenizerFast(*files)
 
 
-def bert_tokenizer(folder: Path) -> Any:
-    """BERT's uncased WordPiece tokenizer from a vocab.txt in `folder`."""
+def bert_tokenizer(folder: Path, words: tuple[str, ...] = WORDS, cased: bool = False) -> Any:
+    """BERT's WordPiece tokenizer from a vocab.txt of the specials then `words` in `folder`:
+    uncased (lower-cases its input, as bert-base-uncased) or `cased` (as bert-base-cased)."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.txt").write_text("\n".join([*BERT_SPECIALS, *WORDS]) + "\n", encoding="utf-8")
-    return transformers.BertTokenizerFast(str(folder / "vocab.txt"))
+    (folder / "vocab.txt").write_text("\n".join([*BERT_SPECIALS, *words]) + "\n", encoding="utf-8")
+    return transformers.BertTokenizerFast(str(folder / "vocab.txt"), do_lower_case=not cased)
 
 
 def llama_tokenizer() -> Any:

@@ -2,10 +2,11 @@
 only their `opacus` imports changed to `dptrain.opacus`) run as written on synthetic data of the
 datasets' shapes, for a few steps, and report the epsilon Opacus reports for the same run.
 
-The Opacus original is the same file with the import lines put back, run the same way. Not
-here: examples/imdb.py (its tokenizer and dataset are downloads), dcgan.py, the FSDP / tensor
-parallel / Lightning examples (several processes, or packages not installed). Of the tutorial
-notebooks (vendored in opacus_tutorials/ as their code cells), the LSTM name classifier runs here;
+The Opacus original is the same file with the import lines put back, run the same way.
+examples/imdb.py and the text-classifier tutorial run in test_opacus_text_examples.py (which
+serves their downloads). Not here: dcgan.py, the FSDP / tensor parallel / Lightning examples
+(several processes, or packages not installed). Of the tutorial notebooks (vendored in
+opacus_tutorials/ as their code cells), the LSTM name classifier runs here;
 docs/migrating-from-opacus.md says why the others do not.
 """
 
