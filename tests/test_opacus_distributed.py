@@ -114,3 +114,11 @@ def test_make_private_accepts_ghost_fsdp_on_one_process_and_returns_the_criterio
         criterion=nn.CrossEntropyLoss(), data_loader=DataLoader(TensorDataset(x, y), batch_size=4),
         noise_multiplier=1.0, max_grad_norm=1.0, grad_sample_mode="ghost_fsdp")
     assert len(returned) == 4
+
+
+def test_dp_data_loader_from_data_loader_is_an_instance_of_opacus_dp_data_loader():
+    from dptrain.opacus.data_loader import DPDataLoader
+
+    x, y = _data()
+    loader = DPDataLoader.from_data_loader(DataLoader(TensorDataset(x, y), batch_size=4))
+    assert isinstance(loader, DPDataLoader)  # Opacus's Lightning example keys Poisson on this
