@@ -71,26 +71,23 @@ def _run_script(folder: Path, name: str) -> subprocess.CompletedProcess:
     return done
 
 
-def run_notebook(package: str, folder: Path, stop_after: str) -> dict[str, str]:
-    """The DDP tutorial's cells on `package` in `folder` up to the `!python` cell that runs
-    `stop_after`; {script: its stdout and stderr} for each script run."""
+def run_notebook(package: str, folder: Path, script: str) -> str:
+    """The DDP tutorial's `%%writefile` cells on `package` in `folder` up to the `!python` cell
+    that runs `script`, then that cell (the scripts are independent: the earlier ones are not
+    run); the script's stdout and stderr."""
     folder.mkdir(parents=True)
     source = _for_package((HERE / "opacus_tutorials" / "ddp_tutorial.py").read_text(), package)
-    port, outputs = free_port(), {}
     for cell in source.split("# %%\n")[1:]:
         first, _, body = cell.partition("\n")
         if written := re.match(r"# %%writefile( -a)? (\S+)$", first):
             path = folder / written.group(2)
             path.write_text((path.read_text() if written.group(1) else "") + body + "\n")
-        elif ran := re.match(r"# !python -W ignore (\S+)$", first):
-            name = ran.group(1)
-            path = folder / name
-            path.write_text(_prepare(path.read_text(), port))
-            done = _run_script(folder, name)
-            outputs[name] = done.stdout + done.stderr
-            if name == stop_after:
-                return outputs
-    raise AssertionError(f"no cell runs {stop_after}")
+        elif (ran := re.match(r"# !python -W ignore (\S+)$", first)) and ran.group(1) == script:
+            path = folder / script
+            path.write_text(_prepare(path.read_text(), free_port()))
+            done = _run_script(folder, script)
+            return done.stdout + done.stderr
+    raise AssertionError(f"no cell runs {script}")
 
 
 def epsilons(folder: Path) -> dict[int, list[float]]:
@@ -99,7 +96,7 @@ def epsilons(folder: Path) -> dict[int, list[float]]:
             for rank in (0, 1)}
 
 
-@pytest.mark.slow  # about 90 s a run on a shared 2-core machine (2 spawned ranks, 10 epochs)
+@pytest.mark.slow  # 5.5 minutes on a shared 2-core machine (2 runs of 2 spawned ranks, 10 epochs)
 def test_ddp_tutorial_trains_and_reports_opacus_epsilon_on_every_rank(tmp_path):
     outputs = {package: run_notebook(package, tmp_path / package, "opacus_ddp_demo.py")
                for package in ("dptrain.opacus", "opacus")}
@@ -108,11 +105,10 @@ def test_ddp_tutorial_trains_and_reports_opacus_epsilon_on_every_rank(tmp_path):
     assert ours[0] == ours[1]
     assert ours[0] == pytest.approx(theirs[0], rel=1e-3)
     for package, output in outputs.items():
-        assert output["opacus_ddp_demo.py"].count("Epoch: ") == 10, package  # rank 0 prints
+        assert output.count("Epoch: ") == 10, package  # rank 0 prints
     # optimizer.expected_batch_size: Opacus's is one rank's (200 / 2), dptrain's the global 200
-    assert "(rank 1) Average batch size per GPU: 100" in outputs["opacus"]["opacus_ddp_demo.py"]
-    assert "(rank 1) Average batch size per GPU: 200" in outputs["dptrain.opacus"][
-        "opacus_ddp_demo.py"]
+    assert "(rank 1) Average batch size per GPU: 100" in outputs["opacus"]
+    assert "(rank 1) Average batch size per GPU: 200" in outputs["dptrain.opacus"]
 
 
 def _loader_lines(output: str) -> dict[str, str]:
@@ -123,11 +119,10 @@ def _loader_lines(output: str) -> dict[str, str]:
     return dict(found)
 
 
-@pytest.mark.slow  # about 70 s a run (2 spawned ranks)
+@pytest.mark.slow  # about 2 minutes (2 runs of 2 spawned ranks)
 def test_ddp_tutorial_private_loader_has_opacus_batches_and_dptrain_sample_rate(tmp_path):
     ours, theirs = (_loader_lines(run_notebook(package, tmp_path / package,
-                                               "opacus_distributed_data_loader_demo.py")
-                                  ["opacus_distributed_data_loader_demo.py"])
+                                               "opacus_distributed_data_loader_demo.py"))
                     for package in ("dptrain.opacus", "opacus"))
     assert ours["Non-distributed"] == theirs["Non-distributed"]
     assert ours["Distributed, non-private"] == theirs["Distributed, non-private"]
@@ -146,11 +141,11 @@ def _gradient_samples(output: str) -> dict[tuple[int, str], list[float]]:
     return {(int(rank), when): [float(x) for x in values.split()] for rank, when, values in found}
 
 
-@pytest.mark.slow  # about 70 s a run (2 spawned ranks)
+@pytest.mark.slow  # about 2 minutes (2 runs of 2 spawned ranks)
 def test_ddp_tutorial_sync_chapter_averages_the_ranks_gradients_at_the_step(tmp_path):
     for package in ("dptrain.opacus", "opacus"):
-        output = run_notebook(package, tmp_path / package, "opacus_sync_demo.py")
-        grads = _gradient_samples(output["opacus_sync_demo.py"])
+        grads = _gradient_samples(run_notebook(package, tmp_path / package,
+                                               "opacus_sync_demo.py"))
         assert grads[0, "after"] == grads[1, "after"], package  # one synchronised gradient
         # "before" is the rank's own sum / optimizer.expected_batch_size: Opacus's per-rank
         # B = 32, so the step's (sum_0 + sum_1) / 64 is their mean; dptrain's expected batch
@@ -170,7 +165,7 @@ def run_fsdp_example(package: str, folder: Path) -> str:
     return done.stdout + done.stderr
 
 
-@pytest.mark.slow  # about 4 minutes a run on a shared 2-core machine (2 spawned ranks, 10 epochs)
+@pytest.mark.slow  # 3.5 minutes on a shared 2-core machine (2 runs of 2 spawned ranks, 10 epochs)
 def test_fsdp_example_trains_sharded_with_ghost_clipping_and_reports_opacus_epsilon(tmp_path):
     outputs = {package: run_fsdp_example(package, tmp_path / package)
                for package in ("dptrain.opacus", "opacus")}

@@ -1,3 +1,9 @@
+# Opacus tutorial tutorials/ddp_tutorial.ipynb (github.com/pytorch/opacus, Apache-2.0): its code
+# cells in order ("# %%" starts a cell), the notebook magics kept as comments ("# %%writefile F",
+# "# !python ..."), with the opacus imports changed to dptrain.opacus and, to run on 2 CPU
+# processes without the MNIST download, the lines marked "# was ...": FakeData of MNIST's shape
+# for datasets.MNIST, world_size = 2 for torch.cuda.device_count(), the device "cpu" for the rank.
+
 # %%
 # %%writefile opacus_ddp_demo.py
 import os
