@@ -96,7 +96,7 @@ def epsilons(folder: Path) -> dict[int, list[float]]:
             for rank in (0, 1)}
 
 
-@pytest.mark.slow  # 5.5 minutes on a shared 2-core machine (2 runs of 2 spawned ranks, 10 epochs)
+@pytest.mark.slow  # 3.5 to 5.5 minutes on a shared 2-core machine (2 runs of 2 spawned ranks, 10 epochs)
 def test_ddp_tutorial_trains_and_reports_opacus_epsilon_on_every_rank(tmp_path):
     outputs = {package: run_notebook(package, tmp_path / package, "opacus_ddp_demo.py")
                for package in ("dptrain.opacus", "opacus")}
