@@ -128,6 +128,35 @@ def test_intro_forbid_accumulation_hook_is_not_in_opacus_1_6(intro_runs):
         assert "forbid_accumulation_hook" in intro_runs[package]["forbid_error"]
 
 
+def _laplace_step(namespace: dict[str, Any]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One step of the guide's LaplaceDPOptimizer (cell 12) over a fresh GradSampleModule of its
+    SampleNet on its first 10 examples, seeded: per parameter, the noise the step added
+    (p.grad * 10 - p.summed_grad, read in a step hook) and the Laplace draw of the same seed."""
+    model = namespace["GradSampleModule"](namespace["SampleNet"]())
+    optimizer = namespace["LaplaceDPOptimizer"](
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1), noise_multiplier=1.0,
+        max_grad_norm=1.0, expected_batch_size=10)
+    added: list[torch.Tensor] = []
+    optimizer.attach_step_hook(lambda o: added.extend(p.grad * 10 - p.summed_grad
+                                                      for p in o.params))
+    x, y = namespace["DATASET"][:10]
+    nn.functional.cross_entropy(model(x), y).backward()
+    torch.manual_seed(7)
+    optimizer.step()
+    torch.manual_seed(7)
+    laplace = torch.distributions.laplace.Laplace(loc=0, scale=1.0)
+    return [(noise, laplace.sample(noise.shape)) for noise in added]
+
+
+def test_intro_dp_optimizer_subclass_add_noise_noises_the_step(intro_runs):
+    # cell 12's LaplaceDPOptimizer overrides add_noise: its Laplace noise is the step's
+    for package in PACKAGES:
+        pairs = _laplace_step(intro_runs[package])
+        assert len(pairs) == 4
+        for noise, draw in pairs:
+            torch.testing.assert_close(noise, draw, rtol=1e-4, atol=1e-4)
+
+
 # ------------------------------------------------------------------ guide_to_grad_sampler
 
 GRAD_SAMPLER = "guide_to_grad_sampler"
