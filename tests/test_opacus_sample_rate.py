@@ -51,3 +51,15 @@ def test_make_private_with_epsilon_calibrates_at_opacus_rate():
     ours, _ = _private(PrivacyEngine, "rdp", target_epsilon=5.0, target_delta=1e-5, epochs=2)
     assert ours.noise_multiplier == get_noise_multiplier(
         target_epsilon=5.0, target_delta=1e-5, sample_rate=1 / 3, epochs=2, accountant="rdp")
+
+
+def test_dp_data_loader_from_data_loader_samples_at_opacus_rate():
+    from opacus.data_loader import DPDataLoader as OpacusDPDataLoader
+
+    from dptrain.opacus.data_loader import DPDataLoader
+
+    loader = DataLoader(TensorDataset(torch.randn(N, 4)), batch_size=BATCH)
+    ours = DPDataLoader.from_data_loader(loader, distributed=False)
+    theirs = OpacusDPDataLoader.from_data_loader(loader, distributed=False)
+    assert ours.sample_rate == theirs.sample_rate == 1 / 3
+    assert len(ours) == len(theirs) == 3

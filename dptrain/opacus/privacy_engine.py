@@ -21,7 +21,7 @@ from dptrain.errors import ConfigError
 from dptrain.opacus._warn import changed
 from dptrain.opacus.accountants import create_accountant
 from dptrain.opacus.accountants.utils import get_noise_multiplier
-from dptrain.data.sampling import DPDataLoader as CoreDPDataLoader
+from dptrain.opacus.data_loader import opacus_rate_applies, opacus_sample_rate
 from dptrain.opacus.validators import ModuleValidator
 from dptrain.privacy import engine as core
 from dptrain.privacy.plan import PrivacyPlan
@@ -99,16 +99,15 @@ class PrivacyEngine(core.PrivacyEngine):
         1 / len(data_loader) (Opacus's DPDataLoader.from_data_loader), so that the expected
         batch, the steps and the epsilon are Opacus's. It equals dptrain's batch_size / N when
         the batch size divides N; otherwise it is below it (N / ceil(N / B) expected examples a
-        batch). A loader already private, a rate schedule and user-level privacy keep
-        dptrain's q."""
+        batch). A loader already private or with a DistributedSampler (whose batch_size dptrain
+        reads as the global one), a rate schedule and user-level privacy keep dptrain's q."""
         plan = super().plan_of(data_loader, **kwargs)
         selection = plan.selection
         if (selection.kind != "poisson" or selection.schedule is not None
-                or plan.unit.kind != "example" or isinstance(data_loader, CoreDPDataLoader)
-                or len(data_loader) == 0):
+                or plan.unit.kind != "example" or not opacus_rate_applies(data_loader)):
             return plan
         return dataclasses.replace(plan, selection=dataclasses.replace(
-            selection, sample_rate=1.0 / len(data_loader)))
+            selection, sample_rate=opacus_sample_rate(data_loader)))
 
     def _arguments(self, poisson_sampling: bool, grad_sample_mode: str,
                    kwargs: dict[str, Any]) -> dict[str, Any]:
