@@ -4,11 +4,13 @@ Opacus's keyword arguments are mapped onto dptrain's: ``poisson_sampling=False``
 ``sampling="shuffle"`` (accounted without amplification), ``grad_sample_mode="functorch"``/``"ew"``
 become ``"hooks"``, Opacus's adaptive-clipping names become dptrain's, and
 ``grad_sample_mode="ghost"`` returns Opacus's four values (model, optimizer, criterion, loader).
-Each mapping that changes what runs warns (see dptrain.opacus._warn).
+Each mapping that changes what runs warns (see dptrain.opacus._warn). Poisson sampling runs
+at Opacus's q, 1 / len(data_loader) (dptrain's own engine takes batch_size / N).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import IO, Any, BinaryIO, Union
 
@@ -19,8 +21,10 @@ from dptrain.errors import ConfigError
 from dptrain.opacus._warn import changed
 from dptrain.opacus.accountants import create_accountant
 from dptrain.opacus.accountants.utils import get_noise_multiplier
+from dptrain.opacus.data_loader import opacus_rate_applies, opacus_sample_rate
 from dptrain.opacus.validators import ModuleValidator
 from dptrain.privacy import engine as core
+from dptrain.privacy.plan import PrivacyPlan
 
 _GRAD_SAMPLE_MODES = {"hooks": "hooks", "functorch": "hooks", "ew": "hooks", "ghost": "ghost",
                       "ghost_fsdp": "ghost"}
@@ -94,6 +98,21 @@ class PrivacyEngine(core.PrivacyEngine):
 
     def __init__(self, *, accountant: str = "prv", secure_mode: bool = False) -> None:
         super().__init__(accountant=create_accountant(accountant), secure_mode=secure_mode)
+
+    def plan_of(self, data_loader: Any, **kwargs: Any) -> PrivacyPlan:
+        """dptrain's plan of make_private's arguments, with Poisson sampling at Opacus's q:
+        1 / len(data_loader) (Opacus's DPDataLoader.from_data_loader), so that the expected
+        batch, the steps and the epsilon are Opacus's. It equals dptrain's batch_size / N when
+        the batch size divides N; otherwise it is below it (N / ceil(N / B) expected examples a
+        batch). A loader already private or with a DistributedSampler (whose batch_size dptrain
+        reads as the global one), a rate schedule and user-level privacy keep dptrain's q."""
+        plan = super().plan_of(data_loader, **kwargs)
+        selection = plan.selection
+        if (selection.kind != "poisson" or selection.schedule is not None
+                or plan.unit.kind != "example" or not opacus_rate_applies(data_loader)):
+            return plan
+        return dataclasses.replace(plan, selection=dataclasses.replace(
+            selection, sample_rate=opacus_sample_rate(data_loader)))
 
     def _arguments(self, poisson_sampling: bool, grad_sample_mode: str,
                    kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -16,15 +16,27 @@ from dptrain.grad_sample.registry import register_grad_sampler
 GradSampleModuleFastGradientClipping = GhostClippingModule
 
 
-class GradSampleModule(CoreGradSampleModule):
+class _AnyGradSampleModule(type(CoreGradSampleModule)):  # type: ignore[misc]
+    """isinstance(m, dptrain.opacus.GradSampleModule) holds for every dptrain GradSampleModule,
+    as Opacus's holds for the module its make_private returns."""
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return isinstance(instance, CoreGradSampleModule)
+
+
+class GradSampleModule(CoreGradSampleModule, metaclass=_AnyGradSampleModule):
     """dptrain's GradSampleModule with Opacus's keywords (strict, force_functorch: accepted;
-    dptrain always validates the model and picks its own per-layer rules)."""
+    dptrain always validates the model and picks its own per-layer rules). A hand-built
+    DPOptimizer over its parameters finds it (`owner_of`), as Opacus's does."""
 
     def __init__(self, m: nn.Module, *, batch_first: bool = True, loss_reduction: str = "mean",
                  strict: bool = True, force_functorch: bool = False, **kwargs: Any) -> None:
         super().__init__(m, batch_first=batch_first, loss_reduction=loss_reduction)
         for p in self.parameters():
             _OWNERS[id(p)] = self
+
+    def __repr__(self) -> str:
+        return f"GradSampleModule({self._module!r})"  # Opacus's
 
 
 # id(parameter) -> the GradSampleModule made here that computes its per-sample gradients (how an

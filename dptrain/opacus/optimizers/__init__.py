@@ -5,7 +5,9 @@ loss_reduction="mean", generator=None, secure_mode=False)`` over dptrain's optim
 dptrain's optimizer clips through the module that computes the per-sample gradients: it is the
 dptrain.opacus.grad_sample.GradSampleModule that owns the optimizer's parameters (or `module=`).
 A DPOptimizer built by hand is accounted only by the hooks attached to it
-(``attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate))``), as in Opacus.
+(``attach_step_hook(accountant.get_optimizer_hook_fn(sample_rate))``), as in Opacus. A subclass
+that overrides Opacus's ``add_noise`` (or ``scale_grad``) has its step noised by them, as Opacus's
+step does.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch.optim import Optimizer
 
 from dptrain.distributed.runtime import get_world_size
 from dptrain.opacus.grad_sample import owner_of
+from dptrain.opacus.optimizers.processed_flag import _check_processed_flag, _mark_as_processed
 from dptrain.privacy.distributed import DistributedDPOptimizer as CoreDistributedDPOptimizer
 from dptrain.privacy.optimizer import DPOptimizer as CoreDPOptimizer
 
@@ -44,6 +47,35 @@ class DPOptimizer(CoreDPOptimizer):
                          module=_owning_module(optimizer, module, "DPOptimizer"),
                          sample_rate=sample_rate, noise_generator=generator,
                          secure_mode=secure_mode)
+
+    def add_noise(self) -> None:
+        """Opacus's: p.grad = p.summed_grad + N(0, (sigma * C)^2), of p's shape (then
+        `scale_grad`). Override it to add other noise, as Opacus's tutorial does."""
+        std = self._gradient_noise_std()
+        for p in self.params:
+            _check_processed_flag(p.summed_grad)
+            p.grad = (p.summed_grad + self._noise(p, std)).view_as(p).to(p.dtype)
+            _mark_as_processed(p.summed_grad)
+
+    def scale_grad(self) -> None:
+        """Opacus's: p.grad /= expected_batch_size (the mean over the expected batch)."""
+        for p in self.params:
+            p.grad /= self.expected_batch_size
+
+    def _write_noisy_gradients(self) -> None:
+        """dptrain's one-pass noising; for a subclass overriding add_noise or scale_grad, those
+        two on the (combined) clipped sums, as Opacus's step calls them."""
+        if (type(self).add_noise is DPOptimizer.add_noise
+                and type(self).scale_grad is DPOptimizer.scale_grad):
+            super()._write_noisy_gradients()
+            return
+        sums = {p: p.summed_grad if getattr(p, "summed_grad", None) is not None
+                else torch.zeros_like(p) for p in self.params}
+        combined = self._combine_clipped_sums(sums)
+        for p in self.params:
+            p.summed_grad = combined[p]
+        self.add_noise()
+        self.scale_grad()
 
 
 class DistributedDPOptimizer(CoreDistributedDPOptimizer):
