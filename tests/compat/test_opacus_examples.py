@@ -3,11 +3,12 @@ only their `opacus` imports changed to `dptrain.opacus`) run as written on synth
 datasets' shapes, for a few steps, and report the epsilon Opacus reports for the same run.
 
 The Opacus original is the same file with the import lines put back, run the same way.
-examples/imdb.py and the text-classifier tutorial run in test_opacus_text_examples.py (which
-serves their downloads). Not here: dcgan.py, the FSDP / tensor parallel / Lightning examples
-(several processes, or packages not installed). Of the tutorial notebooks (vendored in
-opacus_tutorials/ as their code cells), the LSTM name classifier runs here;
-docs/migrating-from-opacus.md says why the others do not.
+Here: mnist, char-lstm-classification, cifar10 and the LSTM name-classifier tutorial (vendored in
+opacus_tutorials/ as its code cells). Elsewhere: imdb.py and the text-classifier tutorial in
+test_opacus_text_examples.py (which serves their downloads), dcgan.py in
+test_opacus_example_dcgan.py, the advanced-features, grad-sampler and module-validator guides in
+test_opacus_guides.py, the DDP tutorial and fsdp_example.py in
+test_opacus_distributed_examples.py. docs/migrating-from-opacus.md says what is not run and why.
 """
 
 from __future__ import annotations
