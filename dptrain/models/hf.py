@@ -223,10 +223,11 @@ def parameter_groups(model: nn.Module, head_lr: float | None) -> list[dict[str, 
     optimizer's own rate. One group (`[{"params": [...]}]`) when `head_lr` is None or nothing
     is new; else `[{"params": rest}, {"params": head, "lr": head_lr}]`.
 
-    Discriminative fine-tuning: under DP-SGD each coordinate of the noisy mean gradient gets
-    noise of std sigma C / B; Adam scales every coordinate to a step of about its learning rate,
-    so a pretrained body whose per-weight signal is far below the noise random-walks away from
-    its features at that rate, while the few weights of a new head get a real signal
+    Discriminative fine-tuning: with Adam each weight moves by about its rate a step, however
+    noisy its gradient, so a head started at zero grows at `head_lr` while the pretrained body
+    moves at the optimizer's rate; until the head has grown, the body gets little gradient (the
+    features' gradient is the head's weights times the error). On all-MiniLM-L6-v2 at epsilon 3 a
+    head at 5 times the body's rate raised seeds 0-4 from 73-100 % to 91-100 % test accuracy
     (docs/transformers.md, "Defaults of model=hf"). A rate is post-processing: no privacy cost.
     """
     trainable = [p for p in model.parameters() if p.requires_grad]
