@@ -41,7 +41,7 @@ from dptrain.errors import (
     UnreachableEpsilonError,
     UnsupportedModuleError,
 )
-from dptrain.models.hf import check_task, loss_for_task
+from dptrain.models.hf import check_task, loss_for_task, parameter_groups
 from dptrain.data.sampling import default_sample_rate
 from dptrain.data.user_sampling import user_sample_rate
 from dptrain.privacy.engine import PrivacyEngine
@@ -273,14 +273,21 @@ def check_model_fits_data(model: nn.Module, splits: DatasetSplits, model_key: st
 
 
 def build_optimizer(optimizer_cfg: DictConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """The `optimizer` group (`_target_: torch.optim.SGD`, lr, ...) over the trainable parameters."""
+    """The `optimizer` group (`_target_: torch.optim.SGD`, lr, ...) over the trainable parameters;
+    a pretrained model's new head at `optimizer.head_lr` when set (`parameter_groups`)."""
     target = str(optimizer_cfg.get("_target_", "?"))
     check_optimizer(optimizer_cfg)
-    params = [p for p in model.parameters() if p.requires_grad]
-    try:
-        optimizer = instantiate(optimizer_cfg, params=params)
+    options = OmegaConf.to_container(optimizer_cfg, resolve=True)
+    groups = parameter_groups(model, options.pop("head_lr", None))
+    try:  # partial: Hydra would turn the groups (dicts of tensors) into configs
+        optimizer = instantiate(options, _partial_=True)(groups)
     except InstantiationException as error:
         raise _unwrap_instantiation(error, "optimizer", target) from error
+    except (TypeError, ValueError) as error:  # the constructor's refusal of a keyword or value
+        raise ConfigError(
+            f"optimizer could not be built from optimizer._target_={target}: "
+            f"{type(error).__name__}: {error}. Check its keyword arguments (optimizer.*)."
+        ) from error
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise ConfigError(f"optimizer._target_={target} is not a torch.optim.Optimizer.")
     return optimizer

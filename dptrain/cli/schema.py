@@ -153,11 +153,13 @@ class HFModelConfig(ModelConfig):
 # ----------------------------------------------------------------------------- optimizer
 @dataclass
 class OptimizerConfig:
-    """What every optimizer option shares: its class, a learning rate and weight decay."""
+    """What every optimizer option shares: its class, a learning rate, weight decay, and the
+    rate of a pretrained model's new head (null: `lr`; `dptrain.models.hf.parameter_groups`)."""
 
     _target_: str = MISSING
     lr: float = setting(MISSING, NON_NEGATIVE_NUMBER)
     weight_decay: float = setting(0.0, NON_NEGATIVE_NUMBER)
+    head_lr: Optional[float] = setting(None, NON_NEGATIVE_NUMBER.or_none())
 
 
 @dataclass

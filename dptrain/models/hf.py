@@ -177,11 +177,22 @@ class HFModel(nn.Module):
     fine-tuning, the adapters only (PEFT's format) with LoRA; the tokenizer goes with it.
     """
 
-    def __init__(self, model: nn.Module, task: str, tokenizer: Any | None = None) -> None:
+    def __init__(self, model: nn.Module, task: str, tokenizer: Any | None = None,
+                 new_parameter_names: Sequence[str] = ()) -> None:
         super().__init__()
         if task not in TASKS:
             raise ConfigError(f"model.task={task!r} is not a task: use one of {', '.join(TASKS)}.")
         self.model, self.task, self.tokenizer = model, task, tokenizer
+        # names (in `model.named_parameters()`) of the weights the checkpoint lacked: a new head
+        self.new_parameter_names = tuple(new_parameter_names)
+
+    def new_parameters(self) -> list[nn.Parameter]:
+        """The parameters the checkpoint did not hold (a new classification head: BERT's
+        `classifier`, RoBERTa's `classifier.dense` and `classifier.out_proj`, GPT-2's `score`),
+        in `model.named_parameters()` order; empty for a causal LM or a head the checkpoint
+        held."""
+        new = set(self.new_parameter_names)
+        return [p for name, p in self.model.named_parameters() if name in new]
 
     def forward(self, x: Tensor) -> Tensor:
         """`[B, 2T]` int64 (`pack_inputs`; right padded) -> logits `[B, K]` or `[B, T', V]`,
@@ -204,6 +215,30 @@ class HFModel(nn.Module):
         self.model.save_pretrained(str(folder), **({} if inner is None else {"state_dict": inner}))
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(str(folder))
+
+
+def parameter_groups(model: nn.Module, head_lr: float | None) -> list[dict[str, Any]]:
+    """The trainable parameters of `model` as optimizer parameter groups: the new heads of the
+    HFModels inside it (`HFModel.new_parameters`) at `head_lr`, everything else at the
+    optimizer's own rate. One group (`[{"params": [...]}]`) when `head_lr` is None or nothing
+    is new; else `[{"params": rest}, {"params": head, "lr": head_lr}]`.
+
+    Discriminative fine-tuning: with Adam each weight moves by about its rate a step, however
+    noisy its gradient, so a head started at zero grows at `head_lr` while the pretrained body
+    moves at the optimizer's rate; until the head has grown, the body gets little gradient (the
+    features' gradient is the head's weights times the error). On all-MiniLM-L6-v2 at epsilon 3 a
+    head at 5 times the body's rate raised seeds 0-4 from 73-100 % to 91-100 % test accuracy
+    (docs/transformers.md, "Defaults of model=hf"). A rate is post-processing: no privacy cost.
+    """
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if head_lr is None:
+        return [{"params": trainable}]
+    new = {id(p) for m in model.modules() if isinstance(m, HFModel) for p in m.new_parameters()}
+    head = [p for p in trainable if id(p) in new]
+    if not head:
+        return [{"params": trainable}]
+    body = [p for p in trainable if id(p) not in new]
+    return [*([{"params": body}] if body else []), {"params": head, "lr": float(head_lr)}]
 
 
 # ----------------------------------------------------------------------------- losses
@@ -403,13 +438,15 @@ def build_hf_model(
                                          key="model.name_or_path", what="the model",
                                          output_loading_info=True, **kwargs)
     model.config.pad_token_id = tokenizer.pad_token_id
+    new_keys = [*loading.get("missing_keys", ()),
+                *(k[0] if isinstance(k, tuple) else k for k in loading.get("mismatched_keys", ()))]
     if zero_init_head and task == "sequence_classification":
-        new_keys = [*loading.get("missing_keys", ()),
-                    *(k[0] if isinstance(k, tuple) else k for k in loading.get("mismatched_keys", ()))]
         zero_new_head(model, new_keys, num_labels)
     if lora_settings is not None:
         model = add_lora(model, lora_settings, task)
+        new_keys = []  # PEFT renames and wraps the head; its rate stays optimizer.lr
     freeze_parameters(model, list(freeze or ()))
     if freeze_embeddings:
         model.get_input_embeddings().weight.requires_grad_(False)
-    return HFModel(model, task, tokenizer).train()  # from_pretrained leaves it in eval mode
+    # from_pretrained leaves the model in eval mode
+    return HFModel(model, task, tokenizer, new_parameter_names=sorted(new_keys)).train()

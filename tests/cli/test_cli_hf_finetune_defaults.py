@@ -47,6 +47,31 @@ def test_full_fine_tuning_of_a_classifier_starts_its_new_head_at_zero() -> None:
     assert _composed("model.zero_init_head=false")["model"]["zero_init_head"] is False
 
 
+def test_full_fine_tuning_of_a_classifier_trains_its_new_head_at_its_own_rate() -> None:
+    cfg = _composed()
+    assert (cfg["optimizer"]["lr"], cfg["optimizer"]["head_lr"]) == (2e-3, 1e-2)
+    assert _composed(LORA)["optimizer"]["head_lr"] is None
+    assert _composed("model.task=causal_lm")["optimizer"]["head_lr"] is None
+    assert _composed("optimizer.head_lr=null")["optimizer"]["head_lr"] is None
+    assert _composed("optimizer=sgd", "optimizer.head_lr=0.3")["optimizer"]["head_lr"] == 0.3
+
+
+def test_the_composed_optimizer_gives_a_new_head_the_head_rate_and_the_body_the_body_rate(
+        tmp_path: Path) -> None:
+    from dptrain.cli.build import build_optimizer
+    from dptrain.models.hf import build_hf_model
+    from tests.hf_tiny import save_tiny
+
+    with initialize_config_module("dptrain.conf", version_base="1.3"):
+        cfg = compose("config", overrides=["model=hf", "model.name_or_path=x"])
+    model = build_hf_model(str(save_tiny(tmp_path / "bert", "bert")), num_labels=3)
+    head = {id(p) for p in model.model.classifier.parameters()}
+    optimizer = build_optimizer(cfg.optimizer, model)
+    rates = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
+    assert {rates[id(p)] for p in model.parameters() if id(p) in head} == {1e-2}
+    assert {rates[id(p)] for p in model.parameters() if id(p) not in head} == {2e-3}
+
+
 def test_model_hf_with_lora_uses_hooks_and_the_lora_learning_rate() -> None:
     cfg = _composed(LORA)
     assert (cfg["optimizer"]["lr"], cfg["privacy"]["grad_sample_mode"]) == (1e-2, "hooks")
@@ -65,7 +90,7 @@ def test_dptrain_without_arguments_still_composes_the_digits_defaults() -> None:
     with initialize_config_module("dptrain.conf", version_base="1.3"):
         cfg = OmegaConf.to_container(compose("config"), resolve=True)
     assert cfg["optimizer"] == {"_target_": "torch.optim.SGD", "lr": 1.0, "momentum": 0.0,
-                                "weight_decay": 0.0}
+                                "weight_decay": 0.0, "head_lr": None}
     assert (cfg["train"]["epochs"], cfg["train"]["batch_size"]) == (30, 128)
     assert cfg["privacy"]["grad_sample_mode"] == "hooks" and cfg["privacy"]["max_grad_norm"] == 1.0
     assert cfg["lr_schedule"] == {"kind": "constant"}

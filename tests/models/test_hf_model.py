@@ -21,6 +21,7 @@ from dptrain.models.hf import (
     load_tokenizer,
     loss_for_task,
     pack_inputs,
+    parameter_groups,
     unpack_inputs,
 )
 from tests.hf_tiny import CAUSAL_KINDS, KINDS, save_tiny
@@ -117,6 +118,33 @@ def test_save_pretrained_of_lora_writes_adapters_that_peft_loads(folders: dict[s
     x = _batch(model, ["i liked it"], 6)
     ids, mask = unpack_inputs(x)
     torch.testing.assert_close(loaded(input_ids=ids, attention_mask=mask).logits, model.eval()(x))
+
+
+@pytest.mark.parametrize("kind, head", [("bert", "classifier"), ("roberta", "classifier.out_proj"),
+                                        ("gpt2", "score")])
+def test_parameter_groups_put_a_new_head_at_head_lr_and_the_body_at_the_optimizers_rate(
+        folders: dict[str, Path], kind: str, head: str) -> None:
+    pad = {"pad_token": PAD_TOKENS[kind]} if PAD_TOKENS[kind] else {}
+    model = build_hf_model(str(folders[kind]), num_labels=3, freeze_embeddings=True, **pad)
+    optimizer = torch.optim.AdamW(parameter_groups(model, head_lr=0.5), lr=1e-4)
+    names = {id(p): n for n, p in model.named_parameters()}
+    body, new = ({names[id(p)] for p in g["params"]} for g in optimizer.param_groups)
+    assert [g["lr"] for g in optimizer.param_groups] == [1e-4, 0.5]
+    # the layers the checkpoint lacks (its RoBERTa head has 2 labels: classifier.dense is kept)
+    assert new and all(n.startswith(f"model.{head}.") for n in new)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert body == trainable - new and not any(n.startswith(f"model.{head}.") for n in body)
+
+
+def test_parameter_groups_are_one_group_without_head_lr_or_a_new_head(
+        folders: dict[str, Path]) -> None:
+    new_head = build_hf_model(str(folders["bert"]), num_labels=3)
+    saved_head = build_hf_model(str(folders["bert"]), num_labels=2)  # the checkpoint's own
+    lora = build_hf_model(str(folders["bert"]), num_labels=3, lora={"target_modules": ["query"]})
+    for model, head_lr in ((new_head, None), (saved_head, 0.5), (lora, 0.5)):
+        groups = parameter_groups(model, head_lr)
+        assert len(groups) == 1 and "lr" not in groups[0]
+        assert groups[0]["params"] == [p for p in model.parameters() if p.requires_grad]
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -16,6 +16,7 @@ from dptrain.train.ledger import (
     PrivacyLedger,
     carry_randomness,
     config_differences,
+    config_hash,
     load_ledger,
     merge_history,
     schema_errors,
@@ -155,6 +156,14 @@ def test_a_ledger_without_best_checkpoint_selection_has_none(tmp_path: Path) -> 
 
 def _privacy(**keys: bool) -> dict:
     return {"privacy": {"name": "sigma", "noise_multiplier": 1.0, **keys}}
+
+
+def test_a_config_recorded_before_optimizer_head_lr_is_the_same_run_with_it_null() -> None:
+    old = {"optimizer": {"_target_": "torch.optim.AdamW", "lr": 2e-3}}
+    new = {"optimizer": {**old["optimizer"], "head_lr": None}}
+    assert config_hash(old) == config_hash(new) and config_differences(old, new) == []
+    head = {"optimizer": {**old["optimizer"], "head_lr": 1e-2}}
+    assert config_differences(old, head) == ["optimizer.head_lr"]
 
 
 def test_a_recorded_reproducible_noise_is_compared_as_reproducible_mechanism() -> None:

@@ -35,13 +35,14 @@ RENAMED_KEYS = {"privacy.reproducible_noise": "privacy.reproducible_mechanism"}
 # runs still resume. privacy.sampling null defers to privacy.poisson_sampling, as before; the
 # privacy unit was one example, no dataset named users; the learning rate was constant; the
 # noise was independent; a new classifier head started random (an older full fine-tuning run
-# resumes with model.zero_init_head=false, the value it trained with).
+# resumes with model.zero_init_head=false, the value it trained with); every parameter trained
+# at optimizer.lr (a new head's own rate, optimizer.head_lr, null).
 ADDED_KEYS: dict[str, Any] = {"privacy.sampling": None, "privacy.sampling_groups": None,
                               "privacy.unit": "example",
                               "privacy.max_examples_per_user": None, "dataset.user_column": None,
                               "lr_schedule.kind": "constant", "privacy.noise": "independent",
                               "privacy.noise_bands": None, "privacy.noise_buffers": None,
-                              "model.zero_init_head": False}
+                              "model.zero_init_head": False, "optimizer.head_lr": None}
 
 
 def _kept_items(config: dict[str, Any], exempt_keys: tuple[str, ...]) -> dict[str, Any]:
