@@ -6,7 +6,8 @@ The Opacus original is the same file with the import lines put back, run the sam
 Here: mnist, char-lstm-classification, cifar10 and the LSTM name-classifier tutorial (vendored in
 opacus_tutorials/ as its code cells). Elsewhere: imdb.py and the text-classifier tutorial in
 test_opacus_text_examples.py (which serves their downloads), dcgan.py in
-test_opacus_example_dcgan.py, the advanced-features, grad-sampler and module-validator guides in
+test_opacus_example_dcgan.py, the image-classifier tutorial in
+test_opacus_image_classifier.py, the advanced-features, grad-sampler and module-validator guides in
 test_opacus_guides.py, the DDP tutorial and fsdp_example.py in
 test_opacus_distributed_examples.py. docs/migrating-from-opacus.md says what is not run and why.
 """
@@ -55,14 +56,16 @@ def _epsilon(module: types.ModuleType, delta: float) -> float:
 
 class _SyntheticImages(torch.utils.data.Dataset):
     """A torchvision dataset's interface and item types (an 8-bit PIL image, an int label of 10
-    classes) over random pixels: 256 training and 64 test images of `shape` (H, W) or (H, W, 3)."""
+    classes) over random pixels: `sizes` (training, test) images, 256 and 64 unless a subclass
+    says otherwise, of `shape` (H, W) or (H, W, 3)."""
 
     shape: tuple[int, ...]
+    sizes: tuple[int, int] = (256, 64)
 
     def __init__(self, root: str, train: bool = True, download: bool = False,
                  transform: Any = None) -> None:
         generator = np.random.default_rng(0 if train else 1)
-        size = 256 if train else 64
+        size = self.sizes[0] if train else self.sizes[1]
         self.images = generator.integers(0, 256, (size, *self.shape), dtype=np.uint8)
         self.labels = generator.integers(0, 10, size)
         self.transform = transform
