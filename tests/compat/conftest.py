@@ -22,10 +22,10 @@ GLOBAL_SEED = (
     "Poisson / shuffle sampling from OS entropy, not torch's global RNG (reproducible only on "
     "request: noise_generator=, or dptrain.PrivacyEngine(seed=..., reproducible_mechanism=True))")
 LOADER_GENERATOR = (
-    "expects the sampling to follow the generator of the original DataLoader "
-    "(DataLoader(generator=g)): dptrain's Poisson and shuffle samplers do not take it (they draw "
-    "from OS entropy unless dptrain.PrivacyEngine(seed=..., reproducible_mechanism=True)), so "
-    "the two runs see different batches")
+    "expects the Poisson sampling to follow the generator of the original DataLoader "
+    "(DataLoader(generator=g)): dptrain's Poisson sampler does not take it (it draws from OS "
+    "entropy unless dptrain.PrivacyEngine(seed=..., reproducible_mechanism=True)), so the two "
+    "runs see different batches")
 SWITCH_GENERATOR = (
     "tests opacus.data_loader.switch_generator, an Opacus helper that dptrain.opacus does not "
     "provide (dptrain's loaders take their generator when built)")
@@ -265,8 +265,6 @@ LEFT_OUT: dict[str, str] = {
     "test_opacus_randomness.py::OptimizerRandomnessTest::test_global_seed":
         GLOBAL_SEED,
     "test_opacus_randomness.py::PrivacyEngineSecureModeTest::test_custom_and_global_seed":
-        LOADER_GENERATOR,
-    "test_opacus_randomness.py::PrivacyEngineSecureModeTest::test_data_seed_consistency":
         LOADER_GENERATOR,
     "test_opacus_randomness.py::PrivacyEngineSecureModeTest::test_dl_seed_no_noise":
         LOADER_GENERATOR,
