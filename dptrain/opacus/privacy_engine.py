@@ -230,7 +230,7 @@ class PrivacyEngine(core.PrivacyEngine):
         checkpoint = torch.load(path, **{"weights_only": False, **(torch_load_kwargs or {})})
         module.load_state_dict(checkpoint.pop("module_state_dict"),
                                **(module_load_dict_kwargs or {}))
-        self.accountant.load_state_dict(checkpoint.pop("privacy_accountant_state_dict"))
+        self.load_accountant_state(checkpoint.pop("privacy_accountant_state_dict"))
         for key, obj in (("optimizer_state_dict", optimizer),
                          ("noise_scheduler_state_dict", noise_scheduler),
                          ("grad_clip_scheduler_state_dict", grad_clip_scheduler)):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import torch
 from torch import nn
@@ -390,6 +390,7 @@ class PrivacyEngine:
             if users is None:
                 private_loader = self._private_loader(data_loader, plan, allow_non_poisson,
                                                       rate_sched, loader_class)
+                self._check_epochs_aligned(private_loader)  # a kept loader's pass starts an epoch
             else:
                 check_user_level_source(source)
                 private_loader = self._user_loader(data_loader, users, plan, rate_sched)
@@ -541,7 +542,7 @@ class PrivacyEngine:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()`'s output (call after make_private for the full state)."""
-        self.accountant.load_state_dict(state["accountant"])
+        self.load_accountant_state(state["accountant"])
         opt = self.optimizer
         noise_gen = self._saved_noise_generator()
         if noise_gen is not None and state.get("noise_generator") is not None:
@@ -551,6 +552,25 @@ class PrivacyEngine:
             sampler.load_state_dict(state["sampler"])
         if opt is not None and state.get("optimizer") is not None:
             opt.load_dp_state_dict(state["optimizer"])
+
+    def load_accountant_state(self, state: Mapping[str, Any]) -> None:
+        """Load the accountant's `state`; PrivacyError (the accountant left as it was) when its
+        epochs would no longer start where a caller's loader kept as a shuffle starts a pass."""
+        previous = self.accountant.state_dict()
+        self.accountant.load_state_dict(state)
+        try:
+            self._check_epochs_aligned()
+        except PrivacyError:
+            self.accountant.load_state_dict(previous)
+            raise
+
+    def _check_epochs_aligned(self, loader: Any = None) -> None:
+        """PrivacyError when the accountant's history and the place of a caller's loader kept
+        as a shuffle (GivenShuffleLoader; default: the engine's) in its pass disagree (nothing
+        to check for other loaders)."""
+        check = getattr(self.data_loader if loader is None else loader, "check_aligned", None)
+        if callable(check):
+            check(len(self.accountant))
 
     # -- helpers -------------------------------------------------------------------------------
     def _reproducible_parts(self) -> tuple[bool, bool | None]:

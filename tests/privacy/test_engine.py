@@ -456,3 +456,36 @@ def test_given_shuffle_refuses_a_step_after_a_skipped_batch():
     with pytest.raises(PrivacyError, match="handed out 2 batches"):
         optimizer.step()
     assert len(engine.accountant) == 0
+
+
+def _steps(model, optimizer, loader, count: int) -> None:
+    """`count` steps over `loader`, one per batch (loops restart it as needed)."""
+    done = 0
+    while done < count:
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            done += 1
+            if done == count:
+                return
+
+
+def test_given_shuffle_loads_a_history_saved_at_a_pass_end_and_refuses_one_saved_mid_pass():
+    saved, model, optimizer, loader = _private(sampling="given_shuffle")  # passes of 8 batches
+    _steps(model, optimizer, loader, 8)
+    at_pass_end = saved.state_dict()
+    _steps(model, optimizer, loader, 3)
+    engine = _private(sampling="given_shuffle")[0]
+    engine.load_state_dict(at_pass_end)
+    assert len(engine.accountant) == 8
+    with pytest.raises(PrivacyError, match="11 steps.*0 batches into a pass of 8"):
+        engine.load_state_dict(saved.state_dict())
+    assert len(engine.accountant) == 8  # left as it was
+
+
+def test_given_shuffle_refuses_an_accountant_that_stopped_inside_an_epoch():
+    engine = dptrain.PrivacyEngine(accountant="rdp", seed=0)
+    engine.accountant.step(noise_multiplier=1.0, sample_rate=8 / N, steps=3)
+    with pytest.raises(PrivacyError, match="holds 3 steps"):
+        _private(engine, sampling="given_shuffle")
