@@ -7,7 +7,7 @@ warns what changed; docs/migrating-from-opacus.md lists every difference. The co
 import this one (tests/test_import_graph.py).
 """
 
-from dptrain.grad_sample.module import GradSampleModule
+from dptrain.opacus.grad_sample import GradSampleModule
 from dptrain.opacus.privacy_engine import PrivacyEngine
 
 __version__ = "1.6.0"

@@ -20,11 +20,12 @@ class DPDataLoader(CoreDPDataLoader):
                          generator: torch.Generator | None = None, **kwargs: Any
                          ) -> CoreDPDataLoader:
         """A Poisson loader at q = batch_size / N over `data_loader`'s dataset; distributed=True:
-        each rank samples its own shard (dptrain's DistributedDPDataLoader)."""
+        each rank samples its own shard (dptrain's DistributedDPDataLoader). Without it the loader
+        is an instance of this class, as Opacus code checks (`isinstance(loader, DPDataLoader)`)."""
         if distributed:
             return DistributedDPDataLoader.from_data_loader(data_loader, generator=generator,
                                                             **kwargs)
-        return CoreDPDataLoader.from_data_loader(data_loader, generator=generator, **kwargs)
+        return super().from_data_loader(data_loader, generator=generator, **kwargs)
 
 
 __all__ = ["DPDataLoader"]

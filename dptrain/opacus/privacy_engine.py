@@ -25,7 +25,12 @@ from dptrain.opacus.accountants.utils import get_noise_multiplier
 from dptrain.opacus.validators import ModuleValidator
 from dptrain.privacy import engine as core
 
-_GRAD_SAMPLE_MODES = {"hooks": "hooks", "functorch": "hooks", "ew": "hooks", "ghost": "ghost"}
+_GRAD_SAMPLE_MODES = {"hooks": "hooks", "functorch": "hooks", "ew": "hooks", "ghost": "ghost",
+                      "ghost_fsdp": "ghost"}
+# the modes whose make_private returns Opacus's four values (with the ghost-clipping criterion);
+# "ghost_fsdp" is ghost clipping of a model sharded with FSDP2 (utils.fsdp_utils.FSDP2Wrapper),
+# which dptrain's ghost mode recognises by itself (dptrain/distributed/fsdp.py)
+_GHOST_MODES = ("ghost", "ghost_fsdp")
 # Opacus's adaptive-clipping keyword -> dptrain's (None: no dptrain counterpart)
 _ADAPTIVE = {"target_unclipped_quantile": "target_unclipped_quantile",
              "clipbound_learning_rate": "clipbound_learning_rate",
@@ -51,7 +56,7 @@ def _grad_sample_mode(mode: str) -> str:
     if mode not in _GRAD_SAMPLE_MODES:
         raise ValueError(f"Unexpected grad_sample_mode: {mode}; dptrain.opacus supports "
                          f"{sorted(_GRAD_SAMPLE_MODES)}.")
-    if _GRAD_SAMPLE_MODES[mode] != mode:
+    if _GRAD_SAMPLE_MODES[mode] == "hooks" and mode != "hooks":
         changed(f"grad_sample_mode={mode!r} runs as 'hooks' (the same per-sample gradients); "
                 "pass grad_sample_mode='hooks' to silence this.")
     return _GRAD_SAMPLE_MODES[mode]
@@ -145,7 +150,7 @@ class PrivacyEngine(core.PrivacyEngine):
             batch_first=batch_first, loss_reduction=loss_reduction, clipping=clipping,
             noise_generator=noise_generator, **arguments)
         self.accountant = opacus_accountant(self.accountant)  # shuffled batches: Opacus-shaped
-        if grad_sample_mode != "ghost":
+        if grad_sample_mode not in _GHOST_MODES:
             return model, dp_optimizer, loader
         wrapped = DPLossFastGradientClipping(model, dp_optimizer, criterion or nn.CrossEntropyLoss(),
                                              loss_reduction)
@@ -171,7 +176,7 @@ class PrivacyEngine(core.PrivacyEngine):
                 module=module, optimizer=optimizer, data_loader=data_loader,
                 target_epsilon=target_epsilon, target_delta=target_delta, epochs=epochs,
                 max_grad_norm=max_grad_norm, epsilon_tolerance=epsilon_tolerance, **arguments)
-            if grad_sample_mode != "ghost":
+            if grad_sample_mode not in _GHOST_MODES:
                 return model, dp_optimizer, loader
             return model, dp_optimizer, DPLossFastGradientClipping(
                 model, dp_optimizer, criterion or nn.CrossEntropyLoss()), loader

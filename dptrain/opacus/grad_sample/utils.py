@@ -8,8 +8,8 @@ from dptrain.opacus.grad_sample import GradSampleModule, GradSampleModuleFastGra
 
 def get_gsm_class(grad_sample_mode: str) -> type:
     """The module class of `grad_sample_mode` ("hooks", "functorch", "ew": GradSampleModule;
-    "ghost": the ghost-clipping module)."""
-    if grad_sample_mode == "ghost":
+    "ghost", "ghost_fsdp": the ghost-clipping module, which also serves an FSDP2-sharded model)."""
+    if grad_sample_mode in ("ghost", "ghost_fsdp"):
         return GradSampleModuleFastGradientClipping
     if grad_sample_mode in ("hooks", "functorch", "ew"):
         return GradSampleModule
