@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 opacus = pytest.importorskip("opacus")
 
+from dptrain.errors import PrivacyError  # noqa: E402
 from dptrain.opacus import PrivacyEngine  # noqa: E402
 from dptrain.opacus.accountants import RDPAccountant  # noqa: E402
 from dptrain.opacus.validators import ModuleValidator  # noqa: E402
@@ -36,16 +37,77 @@ def _train(model: nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoade
         optimizer.step()
 
 
-def test_a_shuffled_loader_is_accounted_without_amplification_and_says_so():
-    model, optimizer, loader = _setup()
-    engine = PrivacyEngine(accountant="rdp")
-    with pytest.warns(UserWarning, match="WITHOUT amplification"):
-        model, optimizer, loader = engine.make_private(
+def _non_poisson(loader: DataLoader, engine: PrivacyEngine | None = None) -> tuple:
+    """(engine, model, optimizer, private loader) of make_private(poisson_sampling=False)."""
+    model, optimizer, _ = _setup()
+    engine = engine or PrivacyEngine(accountant="rdp")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return engine, *engine.make_private(
             module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.0,
             max_grad_norm=1.0, poisson_sampling=False)
+
+
+def test_poisson_sampling_false_keeps_a_plain_loader_and_charges_it_without_amplification():
+    model, optimizer, loader = _setup()
+    engine = PrivacyEngine(accountant="rdp")
+    with pytest.warns(UserWarning, match="DataLoader is kept.*WITHOUT amplification"):
+        model, optimizer, private = engine.make_private(
+            module=model, optimizer=optimizer, data_loader=loader, noise_multiplier=1.0,
+            max_grad_norm=1.0, poisson_sampling=False)
+    assert engine.plan.selection.kind == "given_shuffle"
+    assert all(torch.equal(mine, theirs) for (mine, _), (theirs, _) in zip(private, loader))
+    assert engine.accountant.mechanism() == "shuffle"
+
+
+def test_poisson_sampling_false_over_a_weighted_sampler_trains_dptrains_shuffle_and_says_why():
+    model, optimizer, loader = _setup()
+    weighted = DataLoader(loader.dataset, batch_size=BATCH,
+                          sampler=torch.utils.data.WeightedRandomSampler([1.0] * N, N))
+    engine = PrivacyEngine(accountant="rdp")
+    with pytest.warns(UserWarning, match="WeightedRandomSampler.*own shuffle.*WITHOUT"):
+        model, optimizer, private = engine.make_private(
+            module=model, optimizer=optimizer, data_loader=weighted, noise_multiplier=1.0,
+            max_grad_norm=1.0, poisson_sampling=False)
     assert engine.plan.selection.kind == "shuffle"
+    _train(model, optimizer, private)
+    assert engine.get_epsilon(1e-5) > 0 and engine.accountant.mechanism() == "shuffle"
+
+
+def test_the_shuffle_accountant_names_a_mechanism_no_poisson_accountant_has():
+    engine, model, optimizer, loader = _non_poisson(_setup()[2])
     _train(model, optimizer, loader)
-    assert engine.get_epsilon(1e-5) > 0
+    state = engine.accountant.state_dict()
+    assert set(state) == {"history", "mechanism"} and state["mechanism"] == "shuffle"
+    assert "shuffle" not in ("rdp", "prv", "gdp") and state["history"] == [(1.0, BATCH / N, 3)]
+
+
+def test_a_shuffle_run_checkpoint_round_trips_through_save_and_load_checkpoint(tmp_path):
+    engine, model, optimizer, loader = _non_poisson(_setup()[2])
+    for x, y in loader:  # one whole pass: a checkpoint resumes at a pass boundary
+        optimizer.zero_grad()
+        nn.CrossEntropyLoss()(model(x), y).backward()
+        optimizer.step()
+    engine.save_checkpoint(path=tmp_path / "run.pt", module=model)
+    restored, model, _, _ = _non_poisson(_setup()[2])
+    restored.load_checkpoint(path=tmp_path / "run.pt", module=model)
+    saved = torch.load(tmp_path / "run.pt", weights_only=False)["privacy_accountant_state_dict"]
+    assert saved["mechanism"] == "shuffle"  # Opacus's accountant state, marked as a shuffle's
+    assert restored.accountant.state_dict() == engine.accountant.state_dict()
+    assert restored.get_epsilon(1e-5) == engine.get_epsilon(1e-5)
+
+
+def test_a_shuffle_history_and_a_poisson_one_are_refused_by_each_others_accountant(tmp_path):
+    shuffled, model, optimizer, loader = _non_poisson(_setup()[2])
+    _train(model, optimizer, loader)
+    shuffled.save_checkpoint(path=tmp_path / "run.pt", module=model)
+    poisson = PrivacyEngine(accountant="rdp")
+    poisson.accountant.step(noise_multiplier=1.0, sample_rate=BATCH / N)
+    with pytest.raises(PrivacyError, match="charged shuffled batches.*charges Poisson"):
+        poisson.load_checkpoint(path=tmp_path / "run.pt", module=model)
+    with pytest.raises(PrivacyError, match="charged Poisson.*charges shuffled batches"):
+        shuffled.accountant.load_state_dict(poisson.accountant.state_dict())
+    assert len(poisson.accountant) == 1 and len(shuffled.accountant) == STEPS
 
 
 def test_ghost_mode_returns_opacus_four_values_and_its_criterion_trains():

@@ -1,7 +1,9 @@
 """Opacus's ``PrivacyEngine`` (``opacus.privacy_engine``) on dptrain's engine.
 
 Opacus's keyword arguments are mapped onto dptrain's: ``poisson_sampling=False`` becomes
-``sampling="shuffle"`` (accounted without amplification), ``grad_sample_mode="functorch"``/``"ew"``
+``sampling="given_shuffle"`` (the caller's loader kept, when its sampler puts each example in at
+most one batch per pass) or else ``sampling="shuffle"`` (dptrain's own shuffle), both accounted
+without amplification by the shuffle accountant, ``grad_sample_mode="functorch"``/``"ew"``
 become ``"hooks"``, Opacus's adaptive-clipping names become dptrain's, and
 ``grad_sample_mode="ghost"`` returns Opacus's four values (model, optimizer, criterion, loader).
 Each mapping that changes what runs warns (see dptrain.opacus._warn). Poisson sampling runs
@@ -19,7 +21,8 @@ from torch import nn
 
 from dptrain.errors import ConfigError
 from dptrain.opacus._warn import changed
-from dptrain.opacus.accountants import create_accountant
+from dptrain.data import given_shuffle
+from dptrain.opacus.accountants import create_accountant, opacus_accountant
 from dptrain.opacus.accountants.utils import get_noise_multiplier
 from dptrain.opacus.data_loader import opacus_rate_applies, opacus_sample_rate
 from dptrain.opacus.validators import ModuleValidator
@@ -88,6 +91,26 @@ def _adaptive_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return mapped
 
 
+def _non_poisson_sampling(data_loader: Any) -> str:
+    """dptrain's sampling for Opacus's poisson_sampling=False over `data_loader`, with its
+    warning: the loader kept ("given_shuffle") when dptrain.data.given_shuffle accepts it,
+    dptrain's own shuffle of its dataset ("shuffle") otherwise."""
+    unamplified = ("epsilon is accounted WITHOUT amplification by subsampling, each epoch one "
+                   "Gaussian release of every example (larger than Opacus reports, which charges "
+                   "such a loader as Poisson). Keep poisson_sampling=True for the amplified "
+                   "epsilon.")
+    reason = given_shuffle.problem(data_loader)
+    if reason is None:
+        changed(f"poisson_sampling=False: the DataLoader is kept (its batches, in its order), "
+                f"and {unamplified}")
+        return "given_shuffle"
+    changed(f"poisson_sampling=False with a DataLoader that may put an example in two batches "
+            f"of one pass ({reason}): dptrain trains fixed-size batches of its own shuffle of "
+            f"the dataset each epoch instead, and {unamplified} A DataLoader with shuffle=True "
+            "or False (and no sampler or batch_sampler) is kept as is.")
+    return "shuffle"
+
+
 class PrivacyEngine(core.PrivacyEngine):
     """Opacus's PrivacyEngine(accountant="prv", secure_mode=False) over dptrain's engine.
 
@@ -115,18 +138,14 @@ class PrivacyEngine(core.PrivacyEngine):
             selection, sample_rate=opacus_sample_rate(data_loader)))
 
     def _arguments(self, poisson_sampling: bool, grad_sample_mode: str,
-                   kwargs: dict[str, Any]) -> dict[str, Any]:
+                   kwargs: dict[str, Any], data_loader: Any) -> dict[str, Any]:
         """dptrain's make_private keywords for Opacus's."""
         for ignored in ("wrap_model", "rand_on_empty"):
             kwargs.pop(ignored, None)
         mapped = _adaptive_kwargs(kwargs)
         mapped["grad_sample_mode"] = _grad_sample_mode(grad_sample_mode)
         if not poisson_sampling:
-            changed("poisson_sampling=False: batches are fixed-size from a shuffle each epoch and "
-                    "epsilon is accounted WITHOUT amplification by subsampling (larger than "
-                    "Opacus reports, which charges such a loader as Poisson). Keep "
-                    "poisson_sampling=True for the amplified epsilon.")
-            mapped["sampling"] = "shuffle"
+            mapped["sampling"] = _non_poisson_sampling(data_loader)
         return {**kwargs, **mapped}
 
     def make_private(self, *, module: nn.Module, optimizer: torch.optim.Optimizer,  # type: ignore[override]
@@ -139,7 +158,7 @@ class PrivacyEngine(core.PrivacyEngine):
         """Opacus's make_private: (module, optimizer, data_loader), and with
         grad_sample_mode="ghost" (module, optimizer, criterion, data_loader)."""
         _check_same_parameters(module, optimizer)
-        arguments = self._arguments(poisson_sampling, grad_sample_mode, kwargs)
+        arguments = self._arguments(poisson_sampling, grad_sample_mode, kwargs, data_loader)
         if noise_generator is None and not self.secure_mode and "plan" not in kwargs:
             changed("the noise is drawn from OS entropy, not torch's global RNG: torch.manual_seed "
                     "does not repeat it. Pass noise_generator=torch.Generator().manual_seed(s) "
@@ -149,6 +168,7 @@ class PrivacyEngine(core.PrivacyEngine):
             noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
             batch_first=batch_first, loss_reduction=loss_reduction, clipping=clipping,
             noise_generator=noise_generator, **arguments)
+        self.accountant = opacus_accountant(self.accountant)  # shuffled batches: Opacus-shaped
         if grad_sample_mode not in _GHOST_MODES:
             return model, dp_optimizer, loader
         wrapped = DPLossFastGradientClipping(model, dp_optimizer, criterion or nn.CrossEntropyLoss(),
@@ -170,7 +190,7 @@ class PrivacyEngine(core.PrivacyEngine):
         accounted as a shuffle, which Opacus's search knows nothing of) dptrain's calibration
         of the plan sets it."""
         if not poisson_sampling or "privacy_unit" in kwargs:
-            arguments = self._arguments(poisson_sampling, grad_sample_mode, kwargs)
+            arguments = self._arguments(poisson_sampling, grad_sample_mode, kwargs, data_loader)
             model, dp_optimizer, loader = super().make_private_with_epsilon(
                 module=module, optimizer=optimizer, data_loader=data_loader,
                 target_epsilon=target_epsilon, target_delta=target_delta, epochs=epochs,
@@ -234,7 +254,7 @@ class PrivacyEngine(core.PrivacyEngine):
         checkpoint = torch.load(path, **{"weights_only": False, **(torch_load_kwargs or {})})
         module.load_state_dict(checkpoint.pop("module_state_dict"),
                                **(module_load_dict_kwargs or {}))
-        self.accountant.load_state_dict(checkpoint.pop("privacy_accountant_state_dict"))
+        self.load_accountant_state(checkpoint.pop("privacy_accountant_state_dict"))
         for key, obj in (("optimizer_state_dict", optimizer),
                          ("noise_scheduler_state_dict", noise_scheduler),
                          ("grad_clip_scheduler_state_dict", grad_clip_scheduler)):

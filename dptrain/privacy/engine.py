@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import torch
 from torch import nn
@@ -29,6 +29,7 @@ from dptrain.accounting.events import AccountingEvent
 from dptrain.accounting.shuffle import ShuffleAccountant
 from dptrain.data.cyclic_sampling import CyclicPoissonDataLoader, DistributedCyclicPoissonDataLoader
 from dptrain.data.distributed import DistributedDPDataLoader
+from dptrain.data.given_shuffle import GivenShuffleLoader, given_shuffle_rate
 from dptrain.data.sampling import (
     DPDataLoader,
     ShuffleDataLoader,
@@ -268,13 +269,17 @@ class PrivacyEngine:
         """The plan make_private's keyword arguments describe (q = the loader's batch_size / N,
         N the examples, or the users with privacy_unit="user"; `sampling` "poisson" |
         "shuffle" | "cyclic_poisson" (with `sampling_groups` groups; banded and BLT noise alone
-        pick it, dptrain.privacy.plan.selection_for); poisson_sampling=False without it: the
+        pick it, dptrain.privacy.plan.selection_for) | "given_shuffle" (the caller's loader
+        kept and charged as shuffled batches, for a loader dptrain.data.given_shuffle accepts;
+        q makes one pass an epoch); poisson_sampling=False without it: the
         caller's own loader, accounted as Poisson, no guarantee; `noise_strategy` a
         dptrain.privacy.noise strategy, None: independent)."""
         unit = Unit(privacy_unit, max_examples_per_user=max_examples_per_user)
         _, rate = self._unit_rate(data_loader, unit, user_ids)
         if sampling is None and not poisson_sampling:
             sampling = "given"
+        if sampling == "given_shuffle":  # one pass of the caller's loader is an epoch
+            rate = given_shuffle_rate(data_loader)
         sigma = check_noise_multiplier(noise_multiplier) if noise_multiplier is not None else None
         norm = check_max_grad_norm(max_grad_norm, per_layer=clipping == "per_layer")
         noise = Noise(multiplier=sigma, target_epsilon=target_epsilon,
@@ -385,6 +390,7 @@ class PrivacyEngine:
             if users is None:
                 private_loader = self._private_loader(data_loader, plan, allow_non_poisson,
                                                       rate_sched, loader_class)
+                self._check_epochs_aligned(private_loader)  # a kept loader's pass starts an epoch
             else:
                 check_user_level_source(source)
                 private_loader = self._user_loader(data_loader, users, plan, rate_sched)
@@ -403,7 +409,7 @@ class PrivacyEngine:
             raise
         if callable(getattr(private_loader, "add_hand_out_listener", None)):
             dp_optimizer.follow_loader(private_loader)
-            dp_optimizer.one_batch_per_step = plan.selection.kind == "cyclic_poisson"
+            dp_optimizer.one_batch_per_step = plan.selection.steps_follow_batches
         dp_optimizer.attach_step_hook(self._account_step)
         self.accountant = accountant_for(self.accountant, plan.accounting)
         self.optimizer, self.data_loader, self.dataset_size = dp_optimizer, private_loader, num_samples
@@ -536,7 +542,7 @@ class PrivacyEngine:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()`'s output (call after make_private for the full state)."""
-        self.accountant.load_state_dict(state["accountant"])
+        self.load_accountant_state(state["accountant"])
         opt = self.optimizer
         noise_gen = self._saved_noise_generator()
         if noise_gen is not None and state.get("noise_generator") is not None:
@@ -546,6 +552,25 @@ class PrivacyEngine:
             sampler.load_state_dict(state["sampler"])
         if opt is not None and state.get("optimizer") is not None:
             opt.load_dp_state_dict(state["optimizer"])
+
+    def load_accountant_state(self, state: Mapping[str, Any]) -> None:
+        """Load the accountant's `state`; PrivacyError (the accountant left as it was) when its
+        epochs would no longer start where a caller's loader kept as a shuffle starts a pass."""
+        previous = self.accountant.state_dict()
+        self.accountant.load_state_dict(state)
+        try:
+            self._check_epochs_aligned()
+        except PrivacyError:
+            self.accountant.load_state_dict(previous)
+            raise
+
+    def _check_epochs_aligned(self, loader: Any = None) -> None:
+        """PrivacyError when the accountant's history and the place of a caller's loader kept
+        as a shuffle (GivenShuffleLoader; default: the engine's) in its pass disagree (nothing
+        to check for other loaders)."""
+        check = getattr(self.data_loader if loader is None else loader, "check_aligned", None)
+        if callable(check):
+            check(len(self.accountant))
 
     # -- helpers -------------------------------------------------------------------------------
     def _reproducible_parts(self) -> tuple[bool, bool | None]:
@@ -606,8 +631,9 @@ class PrivacyEngine:
     def _private_loader(self, data_loader: DataLoader, plan: PrivacyPlan,
                         allow_non_poisson: bool, rate_schedule: Schedule | None,
                         loader_class: type[DPDataLoader] = DPDataLoader) -> Any:
-        """The plan's loader (Poisson or shuffle, at the plan's q), or the given loader when
-        non-Poisson sampling is allowed."""
+        """The plan's loader (Poisson or shuffle, at the plan's q), the caller's loader charged
+        as a shuffle when it qualifies (given_shuffle), or the given loader when non-Poisson
+        sampling is allowed."""
         kind = plan.selection.kind
         self.poisson_sampling = kind == "poisson"
         if kind == "cyclic_poisson":
@@ -619,6 +645,8 @@ class PrivacyEngine:
             return loader_class.from_data_loader(data_loader, sample_rate=plan.selection.sample_rate,
                                                  generator=self.sampling_generator,
                                                  secure=self.secure_mode)
+        if kind == "given_shuffle":
+            return GivenShuffleLoader(data_loader, plan.selection.sample_rate)
         if kind == "poisson":
             return loader_class.from_data_loader(data_loader, sample_rate=plan.selection.sample_rate,
                                                  generator=self.sampling_generator,

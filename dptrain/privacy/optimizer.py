@@ -83,8 +83,9 @@ class DPOptimizer(Optimizer):
     """
 
     #: Refuse a step when the linked loader handed out more than one batch since the previous
-    #: step (set for cyclic Poisson sampling: a skipped batch would shift the groups against the
-    #: steps, and an example could take part in steps fewer than `groups` apart).
+    #: step (set for cyclic Poisson sampling and a kept loader charged as a shuffle: a skipped
+    #: batch would shift the groups or passes against the steps, and an example could take part
+    #: in steps fewer than `groups` apart, or twice in one accounted epoch).
     one_batch_per_step: bool = False
 
     def __init__(self, optimizer: Optimizer, noise_multiplier: float,
@@ -297,11 +298,11 @@ class DPOptimizer(Optimizer):
         if self.one_batch_per_step and (self._batches_since_step or 0) > 1:
             self._refuse(
                 f"the private data loader handed out {self._batches_since_step} batches since the "
-                "previous step, but with cyclic Poisson sampling step t must release the batch of "
-                "group t mod groups: a skipped batch would let an example take part in steps "
-                "closer than the groups apart, which the accounting of banded noise assumes "
-                "never happens. Call optimizer.step() once for every batch of the loader (an "
-                "empty batch included).")
+                "previous step, but step t must release batch t of this loader (cyclic Poisson "
+                "sampling: the batch of group t mod groups; a kept loader charged as a shuffle: "
+                "a batch of pass t // len(loader)): a skipped batch would let an example take "
+                "part in two steps that the accounting charges as one group or one epoch. Call "
+                "optimizer.step() once for every batch of the loader (an empty batch included).")
         if self._earlier_sum_pending:
             self._refuse(
                 "the clipped sum accumulated by skipped steps (signal_skip_step) belongs to an "

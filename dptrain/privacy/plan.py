@@ -50,9 +50,12 @@ from dptrain.privacy.user_level import PRIVACY_UNITS as UNITS
 # most once every `groups` steps, as banded correlated noise needs; dptrain.data.cyclic_sampling).
 # "given": the Python caller's own loader (make_private(poisson_sampling=False,
 # allow_non_poisson=True)), accounted as if Poisson: NOT a guarantee (the engine warns; the CLI
-# never builds one).
-SELECTIONS = ("poisson", "shuffle", "cyclic_poisson", "given")
-COMMAND_SELECTIONS = tuple(kind for kind in SELECTIONS if kind != "given")  # privacy.sampling
+# never builds one). "given_shuffle": the Python caller's own loader when it provably puts each
+# example in at most one batch per pass (dptrain.data.given_shuffle), accounted as "shuffle".
+SELECTIONS = ("poisson", "shuffle", "cyclic_poisson", "given", "given_shuffle")
+GIVEN_SELECTIONS = ("given", "given_shuffle")  # the caller's loader is kept
+COMMAND_SELECTIONS = tuple(kind for kind in SELECTIONS
+                           if kind not in GIVEN_SELECTIONS)  # privacy.sampling
 RANDOMNESS = ("os_entropy", "secure", "reproducible")
 GRAD_SAMPLE_MODES = ("hooks", "ghost")
 PRECISIONS = ("fp32", "bf16")
@@ -78,11 +81,13 @@ class Unit:
 
 @dataclass(frozen=True)
 class Selection:
-    """Batch selection: `kind` (poisson | shuffle | cyclic_poisson) and q, each example's share
-    of a batch: the expected number of batches an example is in per step.
+    """Batch selection: `kind` (poisson | shuffle | cyclic_poisson | given | given_shuffle) and
+    q, each example's share of a batch: the expected number of batches an example is in per step.
 
     Poisson: q is each example's inclusion probability (expected batch size q N). Shuffle: the
-    batch size is round(q N) and every example is in exactly one batch per epoch. Cyclic Poisson:
+    batch size is round(q N) and every example is in exactly one batch per epoch. Given shuffle:
+    the caller's loader, each example in at most one batch of each of its passes, one pass an
+    epoch (dptrain.data.given_shuffle); charged as shuffle. Cyclic Poisson:
     the N examples are split once into `groups` groups of N / groups (give or take one), and at
     step t each example of group t mod groups joins with probability q_group = groups * q (so
     groups * q <= 1): an example takes part at most once every `groups` steps, on average q
@@ -99,7 +104,7 @@ class Selection:
     def __post_init__(self) -> None:
         one_of(*SELECTIONS).check(self.kind, "privacy.sampling")
         object.__setattr__(self, "sample_rate", check_sample_rate(self.sample_rate))
-        if self.schedule is not None and self.kind in ("shuffle", "cyclic_poisson"):
+        if self.schedule is not None and (self.shuffled or self.kind == "cyclic_poisson"):
             raise ConfigError(f"a sample_rate_schedule needs privacy.sampling=poisson: {self.kind} "
                               "batches keep one sample rate for the whole run. Drop the schedule.")
         self._check_groups()
@@ -126,14 +131,33 @@ class Selection:
         which the accounting charges), 1 for Poisson batches."""
         if self.kind == "cyclic_poisson":
             return self.groups
-        return self.steps_per_epoch if self.kind == "shuffle" else 1
+        return self.steps_per_epoch if self.shuffled else 1
+
+    @property
+    def shuffled(self) -> bool:
+        """Whether its steps are charged as shuffled batches (each example at most once per
+        epoch, no amplification): dptrain's shuffle, or the caller's loader that qualifies."""
+        return self.kind in ("shuffle", "given_shuffle")
+
+    @property
+    def kept_loader(self) -> bool:
+        """Whether the caller's own loader is trained on as is ("given", "given_shuffle")."""
+        return self.kind in GIVEN_SELECTIONS
+
+    @property
+    def steps_follow_batches(self) -> bool:
+        """Whether step t must release exactly batch t of the private loader (a skipped batch
+        would shift the batches against the accountant's groups or epochs): cyclic Poisson
+        groups, and the caller's loader charged as a shuffle."""
+        return self.kind in ("cyclic_poisson", "given_shuffle")
 
     @property
     def accounting(self) -> AccountingEvent:
         """How its steps are charged with independent noise (dptrain.accounting.events): its
-        kind ("given", a caller's own loader, as "poisson": no guarantee) and groups.
-        `PrivacyPlan.accounting` adds the noise strategy."""
-        return AccountingEvent("poisson" if self.kind == "given" else self.kind, self.groups)
+        kind ("given", a caller's own loader, as "poisson": no guarantee; "given_shuffle" as
+        "shuffle") and groups. `PrivacyPlan.accounting` adds the noise strategy."""
+        kind = {"given": "poisson", "given_shuffle": "shuffle"}.get(self.kind, self.kind)
+        return AccountingEvent(kind, self.groups)
 
     @property
     def amplified(self) -> bool:
@@ -227,7 +251,8 @@ class PrivacyPlan:
             raise ConfigError("privacy.unit=user samples users with Poisson sampling: "
                               f"privacy.sampling={self.selection.kind} (or poisson_sampling=false) "
                               "is not supported with it. Use privacy.sampling=poisson.")
-        if self.selection.kind in ("shuffle", "cyclic_poisson") and self.clipping.kind == "adaptive":
+        if (self.selection.shuffled or self.selection.kind == "cyclic_poisson") \
+                and self.clipping.kind == "adaptive":
             raise ConfigError("clipping=adaptive needs sampling=poisson: its clipped count is "
                               "accounted as a Poisson-sampled query. Use clipping=flat or "
                               f"per_layer with {self.selection.kind} batches.")

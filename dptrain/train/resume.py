@@ -165,7 +165,7 @@ class Resumer:
                 f"The run folder {str(self.run_dir)!r} holds the privacy ledger of a run with "
                 f"another privacy plan ({'; '.join(differences[:5])}). Continue it with the same "
                 "privacy settings, or use a new folder (hydra.run.dir). Nothing was changed.")
-        if plan.selection.kind == "shuffle":
+        if plan.selection.shuffled:
             raise ConfigError(
                 f"The run in {str(self.run_dir)!r} shuffles its batches (privacy.sampling="
                 "shuffle): its epsilon charges each example once per epoch of one shuffle, and a "

@@ -22,10 +22,10 @@ GLOBAL_SEED = (
     "Poisson / shuffle sampling from OS entropy, not torch's global RNG (reproducible only on "
     "request: noise_generator=, or dptrain.PrivacyEngine(seed=..., reproducible_mechanism=True))")
 LOADER_GENERATOR = (
-    "expects the sampling to follow the generator of the original DataLoader "
-    "(DataLoader(generator=g)): dptrain's Poisson and shuffle samplers do not take it (they draw "
-    "from OS entropy unless dptrain.PrivacyEngine(seed=..., reproducible_mechanism=True)), so "
-    "the two runs see different batches")
+    "expects the Poisson sampling to follow the generator of the original DataLoader "
+    "(DataLoader(generator=g)): dptrain's Poisson sampler does not take it (it draws from OS "
+    "entropy unless dptrain.PrivacyEngine(seed=..., reproducible_mechanism=True)), so the two "
+    "runs see different batches")
 SWITCH_GENERATOR = (
     "tests opacus.data_loader.switch_generator, an Opacus helper that dptrain.opacus does not "
     "provide (dptrain's loaders take their generator when built)")
@@ -58,11 +58,6 @@ FROZEN_BATCHNORM = (
     "expects a BatchNorm without trainable parameters to be valid: dptrain refuses every "
     "BatchNorm, frozen too (its running statistics are computed from private data and saved "
     "without noise)")
-SHUFFLE_BATCHES = (
-    "compares a poisson_sampling=False private run with a run over the original loader: "
-    "dptrain.opacus trains it on dptrain's shuffle loader (a fresh permutation, accounted "
-    "without amplification), whose batches are not the original loader's (the test passes when "
-    "the original loader is kept)")
 SUMMED_GRAD_AFTER_STEP = (
     "reads p.summed_grad after optimizer.step(): dptrain clears the noise-free clipped sum at "
     "the end of the step (left on the parameters, torch.save(model) would release it); Opacus "
@@ -147,152 +142,98 @@ LEFT_OUT: dict[str, str] = {
         NO_ZERO_GRAD_NEEDED,
     "test_opacus_module_validator.py::ModuleValidator_test::test_is_valid_non_learnable_bn":
         FROZEN_BATCHNORM,
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_compare_to_vanilla":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_deterministic_run":
         GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_flat_clipping":
         SUMMED_GRAD_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_per_layer_clipping":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenHooksTest::test_sample_grad_aggregation":
         GRAD_SAMPLE_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_compare_to_vanilla":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_deterministic_run":
         GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_flat_clipping":
         SUMMED_GRAD_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_per_layer_clipping":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTest::test_sample_grad_aggregation":
         GRAD_SAMPLE_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_compare_to_vanilla":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_deterministic_run":
         GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_flat_clipping":
         SUMMED_GRAD_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_per_layer_clipping":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetFrozenTestFunctorch::test_sample_grad_aggregation":
         GRAD_SAMPLE_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_compare_to_vanilla":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_deterministic_run":
         GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_flat_clipping":
         SUMMED_GRAD_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_per_layer_clipping":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetHooksTest::test_sample_grad_aggregation":
         GRAD_SAMPLE_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_compare_to_vanilla":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_deterministic_run":
         GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_flat_clipping":
         SUMMED_GRAD_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_per_layer_clipping":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTest::test_sample_grad_aggregation":
         GRAD_SAMPLE_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestExpandedWeights::test_compare_to_vanilla":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestExpandedWeights::test_deterministic_run":
         GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestExpandedWeights::test_flat_clipping":
         SUMMED_GRAD_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestExpandedWeights::test_per_layer_clipping":
-        SHUFFLE_BATCHES,
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_compare_to_vanilla":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_deterministic_run":
         GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_flat_clipping":
         SUMMED_GRAD_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_per_layer_clipping":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineConvNetTestFunctorch::test_sample_grad_aggregation":
         GRAD_SAMPLE_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_compare_to_vanilla":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_deterministic_run":
         GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_flat_clipping":
         SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_noise_level":
         NOISE_TOLERANCE,
-    "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_per_layer_clipping":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerHooksTest::test_sample_grad_aggregation":
         GRAD_SAMPLE_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_compare_to_vanilla":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_deterministic_run":
         GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_flat_clipping":
         SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_noise_level":
         NOISE_TOLERANCE,
-    "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_per_layer_clipping":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineCustomLayerTest::test_sample_grad_aggregation":
         GRAD_SAMPLE_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_compare_to_vanilla":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_deterministic_run":
         GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_flat_clipping":
         SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_make_private_with_epsilon":
         SEQUENCE_FIRST,
-    "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_per_layer_clipping":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTextHooksTest::test_sample_grad_aggregation":
         GRAD_SAMPLE_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_compare_to_vanilla":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_deterministic_run":
         GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_flat_clipping":
         SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_make_private_with_epsilon":
         SEQUENCE_FIRST,
-    "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_per_layer_clipping":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTest::test_sample_grad_aggregation":
         GRAD_SAMPLE_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_compare_to_vanilla":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_deterministic_run":
         GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_flat_clipping":
         SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_make_private_with_epsilon":
         SEQUENCE_FIRST,
-    "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_per_layer_clipping":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTextTestFunctorch::test_sample_grad_aggregation":
         GRAD_SAMPLE_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_compare_to_vanilla":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_deterministic_run":
         GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_flat_clipping":
         SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsHooksTest::test_sample_grad_aggregation":
         GRAD_SAMPLE_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_compare_to_vanilla":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_deterministic_run":
         GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_flat_clipping":
         SUMMED_GRAD_AFTER_STEP,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTest::test_sample_grad_aggregation":
         GRAD_SAMPLE_AFTER_STEP,
-    "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_compare_to_vanilla":
-        SHUFFLE_BATCHES,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_deterministic_run":
         GLOBAL_SEED,
     "test_opacus_privacy_engine.py::PrivacyEngineTiedWeightsTestFunctorch::test_flat_clipping":
@@ -324,8 +265,6 @@ LEFT_OUT: dict[str, str] = {
     "test_opacus_randomness.py::OptimizerRandomnessTest::test_global_seed":
         GLOBAL_SEED,
     "test_opacus_randomness.py::PrivacyEngineSecureModeTest::test_custom_and_global_seed":
-        LOADER_GENERATOR,
-    "test_opacus_randomness.py::PrivacyEngineSecureModeTest::test_data_seed_consistency":
         LOADER_GENERATOR,
     "test_opacus_randomness.py::PrivacyEngineSecureModeTest::test_dl_seed_no_noise":
         LOADER_GENERATOR,

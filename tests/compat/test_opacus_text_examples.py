@@ -132,9 +132,9 @@ def _composed_gaussian_epsilon(mu: float, delta: float) -> float:
 
 
 def test_imdb_example_is_charged_as_a_shuffle_where_opacus_charges_poisson(monkeypatch, tmp_path):
-    """imdb.py passes poisson_sampling=False: dptrain.opacus trains on fixed-size batches of a
-    shuffle and charges one epoch as one Gaussian mechanism of sensitivity 2 C (mu = 2 / sigma,
-    no amplification); Opacus keeps the shuffled loader but charges it as Poisson sampling at
+    """imdb.py passes poisson_sampling=False: dptrain.opacus keeps its shuffled DataLoader
+    (shuffle=True: a RandomSampler without replacement) and charges one pass as one Gaussian
+    mechanism of sensitivity 2 C (mu = 2 / sigma, no amplification); Opacus keeps the shuffled loader but charges it as Poisson sampling at
     q = 1 / (batches per epoch), a smaller epsilon than the batches it really trains on allow."""
     tokenizer = _cased_bert_tokenizer(tmp_path / "bert-base-cased")
     imdb = _imdb()

@@ -399,3 +399,93 @@ def test_cyclic_poisson_sampling_on_a_fully_sharded_model_is_refused_naming_the_
 
     with pytest.raises(ConfigError, match="privacy.sampling=cyclic_poisson.*hardware=ddp"):
         private_classes(distributed=True, selection="cyclic_poisson", sharded=True)
+
+
+# -- the caller's loader charged as shuffled batches (sampling="given_shuffle") -----------------
+def _first_column(batches) -> list[torch.Tensor]:
+    return [x[:, 0] for x, _ in batches]
+
+
+def test_given_shuffle_trains_the_callers_batches_and_charges_them_as_a_shuffle():
+    original = _loader(batch_size=16)
+    engine, model, optimizer, loader = _private(data_loader=original, sampling="given_shuffle")
+    seen = []
+    for _ in range(2):
+        for x, y in loader:
+            seen.append(x[:, 0])
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    assert all(torch.equal(a, b) for a, b in zip(seen, _first_column(original) * 2))
+    assert engine.plan.selection.kind == "given_shuffle" and engine.plan.selection.shuffled
+    shuffle = dptrain.accounting.get_accountant("rdp", "shuffle")
+    shuffle.step(noise_multiplier=1.0, sample_rate=16 / N, steps=8)
+    assert engine.get_epsilon(1e-5) == shuffle.get_epsilon(1e-5)  # 2 epochs, mu = 2 sqrt(2)
+
+
+def test_given_shuffle_is_never_charged_less_than_dptrains_shuffle_of_the_same_loader():
+    """drop_last=True over 64 examples in batches of 24: 2 batches a pass, where dptrain's own
+    shuffle makes epochs of ceil(64 / 24) = 3 steps; the same steps cost at least as much."""
+    epsilons = {}
+    for sampling in ("given_shuffle", "shuffle"):
+        loader = DataLoader(_loader().dataset, batch_size=24, drop_last=True)
+        engine, model, optimizer, private = _private(data_loader=loader, sampling=sampling)
+        for step in range(6):
+            x, y = next(iter(private))
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+        epsilons[sampling] = engine.get_epsilon(1e-5)
+    assert epsilons["given_shuffle"] > epsilons["shuffle"]  # 3 epochs against 2
+
+
+def test_given_shuffle_refuses_a_loader_that_may_repeat_an_example_in_a_pass():
+    data = _loader().dataset
+    weighted = DataLoader(data, batch_size=8,
+                          sampler=torch.utils.data.WeightedRandomSampler([1.0] * N, N))
+    with pytest.raises(ConfigError, match="WeightedRandomSampler.*sampling='shuffle'"):
+        _private(data_loader=weighted, sampling="given_shuffle")
+
+
+def test_given_shuffle_refuses_a_step_after_a_skipped_batch():
+    engine, model, optimizer, loader = _private(sampling="given_shuffle")
+    batches = iter(loader)
+    next(batches)  # handed out, never stepped on
+    x, y = next(batches)
+    nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(PrivacyError, match="handed out 2 batches"):
+        optimizer.step()
+    assert len(engine.accountant) == 0
+
+
+def _steps(model, optimizer, loader, count: int) -> None:
+    """`count` steps over `loader`, one per batch (loops restart it as needed)."""
+    done = 0
+    while done < count:
+        for x, y in loader:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            done += 1
+            if done == count:
+                return
+
+
+def test_given_shuffle_loads_a_history_saved_at_a_pass_end_and_refuses_one_saved_mid_pass():
+    saved, model, optimizer, loader = _private(sampling="given_shuffle")  # passes of 8 batches
+    _steps(model, optimizer, loader, 8)
+    at_pass_end = saved.state_dict()
+    _steps(model, optimizer, loader, 3)
+    engine = _private(sampling="given_shuffle")[0]
+    engine.load_state_dict(at_pass_end)
+    assert len(engine.accountant) == 8
+    with pytest.raises(PrivacyError, match="11 steps.*0 batches into a pass of 8"):
+        engine.load_state_dict(saved.state_dict())
+    assert len(engine.accountant) == 8  # left as it was
+
+
+def test_given_shuffle_refuses_an_accountant_that_stopped_inside_an_epoch():
+    engine = dptrain.PrivacyEngine(accountant="rdp", seed=0)
+    engine.accountant.step(noise_multiplier=1.0, sample_rate=8 / N, steps=3)
+    with pytest.raises(PrivacyError, match="holds 3 steps"):
+        _private(engine, sampling="given_shuffle")

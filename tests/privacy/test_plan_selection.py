@@ -15,7 +15,9 @@ from dptrain.accounting import compute_epsilon, get_noise_multiplier
 from dptrain.accounting.events import AccountingEvent
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.noise import Banded, Blt, Independent
+from dptrain.accounting.shuffle import shuffle_epsilon
 from dptrain.privacy.plan import (
+    COMMAND_SELECTIONS,
     Clipping,
     Noise,
     PrivacyPlan,
@@ -23,6 +25,7 @@ from dptrain.privacy.plan import (
     calibrated,
     selection_for,
 )
+from dptrain.train.ledger.verification import epsilon_of, ledger_sampling
 
 
 def _banded(bands: int) -> Banded:
@@ -75,6 +78,29 @@ def test_the_callers_own_loader_takes_independent_noise_but_not_correlated_noise
     for strategy in (_banded(2), _blt()):
         with pytest.raises(ConfigError, match="correlated noise"):
             _plan(given, Noise(multiplier=1.0, strategy=strategy))
+
+
+def test_the_callers_loader_kept_as_a_shuffle_is_recorded_as_kept_and_recomputed_as_a_shuffle():
+    plan = _plan(Selection(0.25, "given_shuffle"))
+    recorded = plan.to_dict()
+    assert recorded["selection"]["kind"] == "given_shuffle"
+    assert PrivacyPlan.from_dict(recorded) == plan
+    assert plan.accounting == AccountingEvent("shuffle") and plan.selection.kept_loader
+    assert "given_shuffle" not in COMMAND_SELECTIONS  # a Python-API selection only
+    history = [(1.0, 0.25, 12)]  # 3 epochs of 4 steps
+    assert epsilon_of(history, 1e-5, "prv", ledger_sampling({"plan": recorded})) \
+        == shuffle_epsilon(history, 1e-5)
+
+
+@pytest.mark.parametrize("schedule, clipping, refused", [
+    (None, "adaptive", "clipping=adaptive"),
+    ({"kind": "constant"}, "flat", "sample_rate_schedule"),
+])
+def test_the_callers_loader_kept_as_a_shuffle_refuses_what_shuffled_batches_refuse(
+        schedule, clipping, refused):
+    with pytest.raises(ConfigError, match=refused):
+        PrivacyPlan(selection=Selection(0.25, "given_shuffle", schedule),
+                    clipping=Clipping(1.0, kind=clipping), noise=Noise(multiplier=1.0))
 
 
 def test_groups_times_q_above_one_is_refused_naming_sampling_groups():

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Callable, Mapping
 
-from dptrain.accounting import gdp, prv, rdp
+from dptrain.accounting import gdp, prv, rdp, shuffle
 from dptrain.accounting.base import Accountant, normalize_history
+from dptrain.errors import PrivacyError
 
 
 class _OpacusAccountant:
@@ -49,9 +50,27 @@ class _OpacusAccountant:
             if key not in state_dict:
                 raise ValueError(f"state_dict does not have the key `{key}`.")
         if state_dict["mechanism"] != self.mechanism():
-            raise ValueError(f"state_dict of a {state_dict['mechanism']!r} accountant cannot be "
-                             f"loaded into a {self.mechanism()!r} accountant.")
+            _refuse_mechanism(state_dict["mechanism"], self.mechanism())
         self._history = normalize_history(state_dict["history"])
+
+
+def _refuse_mechanism(saved: str, mine: str) -> None:
+    """Raise for a state_dict of the `saved` mechanism loaded into a `mine` accountant: a
+    PrivacyError when one of them charges shuffled batches (a shuffle's history charged as
+    Poisson sampling would under-report its epsilon, and the reverse would not be Opacus's
+    epsilon), Opacus's ValueError otherwise."""
+    if ShuffleAccountant.MECHANISM not in (saved, mine):
+        raise ValueError(f"state_dict of a {saved!r} accountant cannot be loaded into a {mine!r} "
+                         "accountant.")
+    kinds = {name: "shuffled batches (poisson_sampling=False, no amplification)"
+             if name == ShuffleAccountant.MECHANISM else f"Poisson-sampled batches ({name!r})"
+             for name in (saved, mine)}
+    raise PrivacyError(
+        f"the saved accountant charged {kinds[saved]}, but this one charges {kinds[mine]}: its "
+        "history cannot be loaded here, since its steps would then be charged as the other "
+        "kind of batches (a shuffle's charged as Poisson would under-report epsilon). Call "
+        "make_private with the poisson_sampling of the run that saved it (and the same "
+        "DataLoader) before load_checkpoint / load_state_dict.")
 
 
 class RDPAccountant(_OpacusAccountant, rdp.RDPAccountant):
@@ -93,6 +112,36 @@ class GaussianAccountant(_OpacusAccountant, gdp.GaussianAccountant):
         return super().get_epsilon(delta)
 
 
+class ShuffleAccountant(_OpacusAccountant, shuffle.ShuffleAccountant):
+    """The accountant after make_private(poisson_sampling=False), which Opacus does not have:
+    each epoch one Gaussian release of every example, no amplification, substitution adjacency
+    (dptrain.accounting.shuffle; every accountant name gives the same epsilon). Its mechanism()
+    is "shuffle", so that its state_dict is never loaded into a Poisson accountant, nor theirs
+    into it. Not in the registry: PrivacyEngine(accountant=...) names a Poisson accountant."""
+
+    MECHANISM = "shuffle"
+
+    @classmethod
+    def mechanism(cls) -> str:
+        return cls.MECHANISM
+
+    def get_epsilon(self, delta: float, **kwargs: Any) -> float:  # type: ignore[override]
+        """Epsilon at `delta` (Opacus's accountant options, eps_error or alphas, do not apply)."""
+        return super().get_epsilon(delta)
+
+
+def opacus_accountant(accountant: Accountant) -> Accountant:
+    """`accountant` with Opacus's interface: a core shuffle accountant (which make_private puts
+    on the engine for shuffled batches) as `ShuffleAccountant` with its name and history, any
+    other as is."""
+    if isinstance(accountant, ShuffleAccountant) \
+            or not isinstance(accountant, shuffle.ShuffleAccountant):
+        return accountant
+    shaped = ShuffleAccountant(accountant.name)
+    shaped.history = accountant.history
+    return shaped
+
+
 _ACCOUNTANTS: dict[str, type[Accountant]] = {
     "rdp": RDPAccountant, "prv": PRVAccountant, "gdp": GaussianAccountant}
 
@@ -121,5 +170,5 @@ class IAccountant(_OpacusAccountant):
         self._history: list = []
 
 __all__ = ["IAccountant", "RDPAccountant", "PRVAccountant", "GaussianAccountant",
-           "create_accountant", "register_accountant"]
+           "ShuffleAccountant", "create_accountant", "opacus_accountant", "register_accountant"]
 from dptrain.opacus.accountants import registry  # noqa: E402  (Opacus exposes the submodule)

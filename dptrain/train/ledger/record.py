@@ -314,18 +314,24 @@ def algorithm_and_noise(strategy: str) -> tuple[str, str]:
     return _ALGORITHMS[strategy]
 
 
+# the ledger's `sampling` for the selections that keep the caller's loader (others: their kind)
+_SAMPLING = {
+    "given": "the caller's loader (no amplification proof)",
+    "given_shuffle": "the caller's loader, each example once per pass (accounted as shuffle)",
+}
+
+
 def mechanism(job: TrainingJob) -> dict[str, Any]:
     """The ledger's summary of the mechanism (DP-SGD with its sampling, clipping, noise), read
     off the plan; the full plan is recorded beside it (`plan`)."""
     plan = job.privacy.plan
     norm = plan.clipping.max_grad_norm
-    shuffled = plan.selection.kind == "shuffle"
+    shuffled = plan.selection.shuffled
     algorithm, noise = algorithm_and_noise(plan.noise.strategy.name)
     described: dict[str, Any] = {
         "algorithm": algorithm,
         "privacy_unit": SHUFFLE_PRIVACY_UNIT if shuffled else PRIVACY_UNIT,
-        "sampling": plan.selection.kind if plan.selection.kind != "given"
-        else "the caller's loader (no amplification proof)",
+        "sampling": _SAMPLING.get(plan.selection.kind, plan.selection.kind),
         # amplified by (cyclic) Poisson sampling: a noise column of at most `groups` bands
         "amplified": plan.selection.amplified and plan.accounting.amplified(
             plan.selection.groups + 1),
