@@ -31,17 +31,18 @@ def test_the_default_run_reaches_85_percent_and_prints_epsilon(tmp_path):
 @pytest.mark.parametrize(
     "recipe", ["mnist_cnn", "cifar10_cnn", "imdb_embedding", "imdb_lstm", "digits_quick"]
 )
-def test_each_recipe_trains_two_steps_on_synthetic_data(tmp_path, recipe):
-    result = run_dptrain([f"+recipe={recipe}", "hydra.run.dir=run", *SMOKE], tmp_path)
-    assert result.returncode == 0, result.stderr
+def test_each_recipe_trains_two_steps_on_synthetic_data(tmp_path, recipe, monkeypatch, capsys):
+    code, _, err = run_in_process([f"+recipe={recipe}", "hydra.run.dir=run", *SMOKE], tmp_path,
+                                  monkeypatch, capsys)
+    assert code == 0, err
     record = read_json(tmp_path / "run" / "result.json")
     assert record["steps"] == 2 and record["epsilon"] > 0
     assert (tmp_path / "run" / "metrics.jsonl").exists()
     assert (tmp_path / "run" / "privacy_ledger.json").exists()
 
 
-def test_a_sweep_runs_one_job_per_value_and_writes_its_summary(tmp_path):
-    result = run_dptrain(
+def test_a_sweep_runs_one_job_per_value_and_writes_its_summary(tmp_path, monkeypatch, capsys):
+    code, out, err = run_in_process(
         [
             "-m",
             "privacy=sigma",
@@ -50,9 +51,10 @@ def test_a_sweep_runs_one_job_per_value_and_writes_its_summary(tmp_path):
             *SMOKE,
         ],
         tmp_path,
-        timeout=240,
+        monkeypatch,
+        capsys,
     )
-    assert result.returncode == 0, result.stderr
+    assert code == 0, err
     summary = read_json(tmp_path / "sweep" / "sweep_summary.json")
     rows = summary["jobs"]
     assert [[o for o in r["overrides"] if "noise_multiplier" in o] for r in rows] == [
@@ -61,7 +63,7 @@ def test_a_sweep_runs_one_job_per_value_and_writes_its_summary(tmp_path):
     ]
     assert all(r["status"] == "completed" for r in rows)
     assert rows[0]["epsilon"] > rows[1]["epsilon"] > 0
-    assert "Sweep summary" in result.stdout
+    assert "Sweep summary" in out
 
 
 def test_a_sweep_job_with_bad_input_is_summarized_as_failed_and_the_exit_status_is_2(
