@@ -49,8 +49,8 @@ def results_by_name(proc: Done) -> dict:
 
 
 def test_epsilon_command_prints_a_table_with_every_accountant(dptrain_privacy):
-    proc = dptrain_privacy("epsilon", "--sigma", "1.1", "--sample-rate", "0.004", "--steps", "1000",
-                   "--delta", "1e-5")
+    proc = dptrain_privacy("epsilon", "--sigma", "1.1", "--sample-rate", "0.004", "--steps",
+                           "1000", "--delta", "1e-5")
     assert proc.returncode == 0, proc.stderr
     for name in ("prv", "rdp", "gdp"):
         assert name in proc.stdout
@@ -67,8 +67,8 @@ def test_each_accountant_is_described_in_the_words_of_its_guarantee(capsys, monk
 
 
 def test_epsilon_json_matches_compute_epsilon_for_each_accountant(dptrain_privacy):
-    proc = dptrain_privacy("epsilon", "--sigma", "1.1", "--sample-rate", "0.004", "--steps", "1000",
-                   "--delta", "1e-5", "--accountant", "rdp", "prv", "--json")
+    proc = dptrain_privacy("epsilon", "--sigma", "1.1", "--sample-rate", "0.004", "--steps",
+                           "1000", "--delta", "1e-5", "--accountant", "rdp", "prv", "--json")
     rows = results_by_name(proc)
     assert set(rows) == {"rdp", "prv"}
     for name, row in rows.items():
@@ -77,16 +77,17 @@ def test_epsilon_json_matches_compute_epsilon_for_each_accountant(dptrain_privac
 
 
 def test_epochs_with_batch_and_dataset_size_give_sample_rate_and_steps(dptrain_privacy):
-    proc = dptrain_privacy("epsilon", "--sigma", "1.0", "--batch-size", "100", "--dataset-size", "10000",
-                   "--epochs", "2.5", "--delta", "1e-5", "--accountant", "rdp", "--json")
+    proc = dptrain_privacy("epsilon", "--sigma", "1.0", "--batch-size", "100", "--dataset-size",
+                           "10000", "--epochs", "2.5", "--delta", "1e-5", "--accountant", "rdp",
+                           "--json")
     assert proc.returncode == 0, proc.stderr
     inputs = json.loads(proc.stdout)["inputs"]
     assert inputs["sample_rate"] == 0.01 and inputs["steps"] == 250
 
 
 def test_sigma_command_calibrates_below_the_target_per_accountant(dptrain_privacy):
-    proc = dptrain_privacy("sigma", "--target-epsilon", "2", "--delta", "1e-5", "--sample-rate", "0.01",
-                   "--steps", "500", "--accountant", "rdp", "gdp", "--json")
+    proc = dptrain_privacy("sigma", "--target-epsilon", "2", "--delta", "1e-5", "--sample-rate",
+                           "0.01", "--steps", "500", "--accountant", "rdp", "gdp", "--json")
     rows = results_by_name(proc)
     for name, row in rows.items():
         assert 2 - 0.01 <= row["epsilon"] <= 2
@@ -95,7 +96,7 @@ def test_sigma_command_calibrates_below_the_target_per_accountant(dptrain_privac
 
 def test_zero_sigma_reports_infinite_epsilon_without_crashing(dptrain_privacy):
     proc = dptrain_privacy("epsilon", "--sigma", "0", "--sample-rate", "0.01", "--steps", "10",
-                   "--delta", "1e-5", "--json")
+                           "--delta", "1e-5", "--json")
     rows = results_by_name(proc)
     assert all(row["epsilon"] == "inf" for row in rows.values())
 
@@ -150,7 +151,8 @@ def test_without_delta_the_dataset_size_gives_the_delta_dptrain_defaults_to(caps
 
 
 def test_without_delta_or_dataset_size_the_command_asks_for_delta(dptrain_privacy):
-    proc = dptrain_privacy("epsilon", "--sigma", "1.1", "--sample-rate", "0.004", "--steps", "1000")
+    proc = dptrain_privacy("epsilon", "--sigma", "1.1", "--sample-rate", "0.004", "--steps",
+                           "1000")
     assert proc.returncode == 2
     assert "give --delta" in proc.stderr and "--dataset-size" in proc.stderr
 
