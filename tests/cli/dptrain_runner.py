@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -9,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 # What the `dptrain` console script runs, with this test's interpreter (no PATH lookup).
 ENTRY = "from dptrain.cli.main import main; main()"
@@ -58,6 +62,33 @@ def run_in_process(
         code = stop.code if isinstance(stop.code, int) else 1
     out, err = capsys.readouterr()
     return code, out, err
+
+
+class _StringCapture:
+    """What `run_in_process` needs of capsys, over this process's redirected stdout and stderr."""
+
+    def __init__(self) -> None:
+        self.out, self.err = io.StringIO(), io.StringIO()
+
+    def readouterr(self) -> tuple[str, str]:
+        """The text written since the last call (stdout, stderr)."""
+        taken = self.out.getvalue(), self.err.getvalue()
+        for stream in (self.out, self.err):
+            stream.seek(0)
+            stream.truncate()
+        return taken
+
+
+def run_once_in_process(args: list[str], cwd: Path) -> tuple[int, str, str]:
+    """`run_in_process` for a module- or session-scoped fixture (no monkeypatch or capsys there).
+
+    One run shared by several tests that each check one property of it. Returns (exit status,
+    stdout, stderr); the working directory, argv and environment are restored afterwards.
+    """
+    capture = _StringCapture()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(capture.out), \
+            contextlib.redirect_stderr(capture.err):
+        return run_in_process(args, cwd, patch, capture)
 
 
 def wait_for(path: Path, process: subprocess.Popen, timeout: float = 120) -> None:

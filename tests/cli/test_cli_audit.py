@@ -1,11 +1,13 @@
 """`dptrain audit` (alias `+audit=one_run`) through the real command: audit.json beside the
 ledger, the ledger's record of the audit, resume, and bad input refused before training."""
 
+from pathlib import Path
+
 import pytest
 
 from dptrain.cli.audit import expand_subcommand
 from dptrain.train.ledger import load_ledger
-from dptrain_runner import QUIET, read_json, run_dptrain, run_in_process
+from dptrain_runner import QUIET, read_json, run_in_process, run_once_in_process
 
 SHORT = [*QUIET, "train.epochs=2", "audit.canaries=200"]
 
@@ -33,16 +35,29 @@ def test_the_audit_subcommand_selects_the_one_run_audit():
     assert argv == ["dptrain", "+audit=one_run"]
 
 
-def test_an_audited_run_writes_audit_json_beside_the_ledger_and_records_it(dptrain, tmp_path):
-    code, out, _ = dptrain("audit", *SHORT, f"hydra.run.dir={tmp_path / 'run'}")
-    assert code == 0
-    audit = read_json(tmp_path / "run" / "audit.json")
-    ledger = load_ledger(tmp_path / "run")  # still valid against the ledger schema
+@pytest.fixture(scope="module")
+def audited(tmp_path_factory) -> tuple[Path, int, str, str]:
+    """(run folder, exit status, stdout, stderr) of one audited run, read by several tests.
+
+    It is asked for with the command-line alias `+audit=one_run`, which `dptrain audit` expands to
+    (test_the_audit_subcommand_selects_the_one_run_audit); the other runs here use `dptrain audit`.
+    """
+    cwd = tmp_path_factory.mktemp("audited")
+    code, out, err = run_once_in_process(["+audit=one_run", *SHORT,
+                                          f"hydra.run.dir={cwd / 'run'}"], cwd)
+    return cwd / "run", code, out, err
+
+
+def test_an_audited_run_writes_audit_json_beside_the_ledger_and_records_it(audited):
+    run_dir, code, out, err = audited
+    assert code == 0, err
+    audit = read_json(run_dir / "audit.json")
+    ledger = load_ledger(run_dir)  # still valid against the ledger schema
     assert audit["kind"] == "white_box" and audit["canaries"] == 200
     assert audit["claimed_epsilon"] == pytest.approx(ledger["epsilon"])
     assert ledger["audit"]["lower_bound"] == audit["lower_bound"]
     assert ledger["audit"]["file"] == "audit.json" and ledger["config"]["audit"]["canaries"] == 200
-    assert (tmp_path / "run" / "audit_scores.png").exists()
+    assert (run_dir / "audit_scores.png").exists()
     assert "empirical lower bound" in out and "consistent" in out
 
 
@@ -58,11 +73,11 @@ def test_a_run_with_correlated_noise_is_audited_against_its_own_epsilon(dptrain,
     assert 0 <= audit["lower_bound"] <= audit["claimed_epsilon"]
 
 
-def test_an_audited_run_prints_where_it_wrote_the_audit_and_its_figure(dptrain, tmp_path):
-    code, out, _ = dptrain("audit", *SHORT, f"hydra.run.dir={tmp_path / 'run'}")
-    assert code == 0
-    assert str(tmp_path / "run" / "audit.json") in out
-    assert str(tmp_path / "run" / "audit_scores.png") in out
+def test_an_audited_run_prints_where_it_wrote_the_audit_and_its_figure(audited):
+    run_dir, code, out, err = audited
+    assert code == 0, err
+    assert str(run_dir / "audit.json") in out
+    assert str(run_dir / "audit_scores.png") in out
 
 
 def test_a_black_box_audit_relabels_canaries_taken_from_the_training_set(dptrain, tmp_path):
@@ -123,10 +138,10 @@ def test_resuming_from_a_checkpoint_made_without_canaries_is_refused(dptrain, tm
     assert "train.resume" in err and "made without canaries" in err
 
 
-def test_the_command_line_alias_audits_end_to_end(tmp_path):
-    done = run_dptrain(["+audit=one_run", *SHORT, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
-    assert done.returncode == 0, done.stderr
-    assert read_json(tmp_path / "run" / "audit.json")["verdict"].startswith("consistent")
+def test_the_command_line_alias_audits_end_to_end(audited):
+    run_dir, code, _, err = audited
+    assert code == 0, err
+    assert read_json(run_dir / "audit.json")["verdict"].startswith("consistent")
 
 
 def test_an_audit_over_several_ranks_is_refused_naming_ddp_and_fsdp(dptrain, tmp_path,

@@ -1,11 +1,11 @@
 """`dptrain --help` lists the config groups, their options and the recipes."""
 
-from dptrain_runner import run_dptrain
+from dptrain_runner import run_in_process
 
 
-def test_help_lists_every_group_and_recipe(tmp_path):
-    result = run_dptrain(["--help"], tmp_path)
-    assert result.returncode == 0
+def test_help_lists_every_group_and_recipe(tmp_path, monkeypatch, capsys):
+    code, out, err = run_in_process(["--help"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
     for group in (
         "model:",
         "dataset:",
@@ -15,10 +15,10 @@ def test_help_lists_every_group_and_recipe(tmp_path):
         "optimizer:",
         "recipe:",
     ):
-        assert group in result.stdout
+        assert group in out
     for recipe in ("mnist_cnn", "cifar10_cnn", "imdb_embedding", "imdb_lstm", "digits_quick"):
-        assert f"\n{recipe} " in result.stdout
-    assert "+recipe=NAME" in result.stdout
+        assert f"\n{recipe} " in out
+    assert "+recipe=NAME" in out
 
 
 def test_python_dash_m_dptrain_is_the_dptrain_command(tmp_path):

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from dptrain_runner import QUIET, read_json, run_dptrain
+from dptrain_runner import QUIET, read_json, run_once_in_process
 
 from dptrain.cli.ledger_cmd import main as ledger_main
 from tests.train.test_trainer_support import rewrite_history
@@ -21,9 +21,9 @@ STEPS_PER_EPOCH = 12   # digits, the default batch size
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 4-epoch digits run with the default checkpoint settings (one run for the module)."""
     cwd = tmp_path_factory.mktemp("cli_ledger")
-    done = run_dptrain(["privacy=sigma", "train.epochs=4", "hardware=cpu", "hydra.run.dir=run",
-                        *QUIET], cwd)
-    assert done.returncode == 0, done.stderr
+    code, _, err = run_once_in_process(["privacy=sigma", "train.epochs=4", "hardware=cpu",
+                                        "hydra.run.dir=run", *QUIET], cwd)
+    assert code == 0, err
     return cwd / "run"
 
 

@@ -4,6 +4,7 @@ tiny digits runs (in this process: fast)."""
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from matplotlib.image import imread
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import dptrain.report
-from dptrain_runner import QUIET, read_json, run_in_process
+from dptrain_runner import QUIET, read_json, run_in_process, run_once_in_process
 
 TINY = ["train.epochs=2", "train.batch_size=256", *QUIET]   # digits: 6 steps per epoch
 
@@ -38,28 +39,25 @@ def _spy(monkeypatch, name: str) -> list:
 def sweep(tmp_path_factory) -> Path:
     """A two-job sweep over sigma (its plot is drawn at the end)."""
     folder = tmp_path_factory.mktemp("sweep")
-    mp = pytest.MonkeyPatch()
-    try:
-        code, _, err = run_in_process(
-            ["-m", "privacy=sigma", "privacy.noise_multiplier=1,2", "hydra.sweep.dir=sweep", *TINY],
-            folder, mp, _NoCapture())
-    finally:
-        mp.undo()
+    code, _, err = run_once_in_process(
+        ["-m", "privacy=sigma", "privacy.noise_multiplier=1,2", "hydra.sweep.dir=sweep", *TINY],
+        folder)
     assert code == 0, err
     return folder / "sweep"
 
 
-class _NoCapture:
-    """capsys stand-in for a module-scoped fixture (output goes to pytest's own capture)."""
-
-    def readouterr(self) -> tuple[str, str]:
-        return "", ""
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    """The folder of a TINY run, `run` in it (tests that change the run copy it first)."""
+    folder = tmp_path_factory.mktemp("tiny")
+    code, _, err = run_once_in_process(["hydra.run.dir=run", *TINY], folder)
+    assert code == 0, err
+    return folder
 
 
 def test_report_on_a_run_draws_metrics_jsonl_into_a_png_and_prints_a_summary(
-        tmp_path, monkeypatch, capsys):
-    code, _, err = run_in_process(["hydra.run.dir=run", *TINY], tmp_path, monkeypatch, capsys)
-    assert code == 0, err
+        tiny_run, tmp_path, monkeypatch, capsys):
+    shutil.copytree(tiny_run / "run", tmp_path / "run")
     drawn = _spy(monkeypatch, "plot_run")
     code, out, err = run_in_process(["report", "run"], tmp_path, monkeypatch, capsys)
     assert code == 0, err
@@ -132,9 +130,9 @@ def test_report_on_a_run_logged_to_csv_only_draws_its_metrics_jsonl(
     assert code == 0, err
 
 
-def test_report_on_a_run_folder_without_metrics_jsonl_says_why(tmp_path, monkeypatch, capsys):
-    code, _, err = run_in_process(["hydra.run.dir=run", *TINY], tmp_path, monkeypatch, capsys)
-    assert code == 0, err
+def test_report_on_a_run_folder_without_metrics_jsonl_says_why(
+        tiny_run, tmp_path, monkeypatch, capsys):
+    shutil.copytree(tiny_run / "run", tmp_path / "run")
     (tmp_path / "run/metrics.jsonl").unlink()   # an older dptrain run logged to csv only
     code, _, err = run_in_process(["report", "run"], tmp_path, monkeypatch, capsys)
     assert code == 2 and "has no metrics.jsonl" in err and "without the jsonl logger" in err

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dptrain_runner import QUIET, read_json, run_dptrain, run_in_process
+from dptrain_runner import QUIET, read_json, run_in_process
 
 RUN = ["train.epochs=1", "hardware=cpu", "hydra.run.dir=run", *QUIET]
 
@@ -82,15 +82,14 @@ def test_privacy_sigma_with_a_target_epsilon_stops_at_the_budget(
 
 
 def test_a_resume_in_a_folder_whose_ledger_is_gone_is_refused_naming_the_folder_and_the_fix(
-        tmp_path: Path) -> None:
-    done = run_dptrain(RUN, tmp_path)
-    assert done.returncode == 0, done.stderr
-    run = tmp_path / "run"
-    (run / "privacy_ledger.json").rename(tmp_path / "privacy_ledger.json.aside")
+        finished_run: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    run = finished_run
+    (run / "privacy_ledger.json").rename(run.parent / "privacy_ledger.json.aside")
     before = _files(run / "checkpoints")
-    refused = run_dptrain([*RUN, "train.resume=auto"], tmp_path)
-    assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    message = refused.stderr.splitlines()[0]
+    code, _, err = run_in_process([*RUN, "train.resume=auto"], run.parent, monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err
+    message = err.splitlines()[0]
     assert str(run) in message and "no privacy ledger" in message
     assert "Restore the ledger from a backup" in message and "new folder" in message
     assert not (run / "privacy_ledger.json").exists()

@@ -38,12 +38,12 @@ SCHEDULES = {"mnist_cnn": "linear", "cifar10_cnn": "cosine", "imdb_embedding": "
 
 @pytest.mark.parametrize("recipe", list(SCHEDULES))
 def test_each_recipe_trains_two_steps_on_synthetic_data_under_a_learning_rate_schedule(
-        tmp_path, recipe):
+        tmp_path, recipe, monkeypatch, capsys):
     """Two steps; metrics.jsonl logs the rate the schedule gives the next step, and the ledger
     records the schedule as costing no privacy."""
-    result = run_dptrain([f"+recipe={recipe}", f"lr_schedule={SCHEDULES[recipe]}",
-                          "hydra.run.dir=run", *SMOKE], tmp_path)
-    assert result.returncode == 0, result.stderr
+    code, _, err = run_in_process([f"+recipe={recipe}", f"lr_schedule={SCHEDULES[recipe]}",
+                                   "hydra.run.dir=run", *SMOKE], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
     record = read_json(tmp_path / "run" / "result.json")
     assert record["steps"] == 2 and record["epsilon"] > 0
     ledger = read_json(tmp_path / "run" / "privacy_ledger.json")
@@ -56,8 +56,8 @@ def test_each_recipe_trains_two_steps_on_synthetic_data_under_a_learning_rate_sc
     assert json.loads(lines[-1])["lr"] == pytest.approx(base_rate * factor)
 
 
-def test_a_sweep_runs_one_job_per_value_and_writes_its_summary(tmp_path):
-    result = run_dptrain(
+def test_a_sweep_runs_one_job_per_value_and_writes_its_summary(tmp_path, monkeypatch, capsys):
+    code, out, err = run_in_process(
         [
             "-m",
             "privacy=sigma",
@@ -66,9 +66,10 @@ def test_a_sweep_runs_one_job_per_value_and_writes_its_summary(tmp_path):
             *SMOKE,
         ],
         tmp_path,
-        timeout=240,
+        monkeypatch,
+        capsys,
     )
-    assert result.returncode == 0, result.stderr
+    assert code == 0, err
     summary = read_json(tmp_path / "sweep" / "sweep_summary.json")
     rows = summary["jobs"]
     assert [[o for o in r["overrides"] if "noise_multiplier" in o] for r in rows] == [
@@ -77,7 +78,7 @@ def test_a_sweep_runs_one_job_per_value_and_writes_its_summary(tmp_path):
     ]
     assert all(r["status"] == "completed" for r in rows)
     assert rows[0]["epsilon"] > rows[1]["epsilon"] > 0
-    assert "Sweep summary" in result.stdout
+    assert "Sweep summary" in out
 
 
 def test_a_sweep_job_with_bad_input_is_summarized_as_failed_and_the_exit_status_is_2(

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from dptrain_runner import QUIET, run_dptrain
+from dptrain_runner import QUIET, run_in_process
 
 from dptrain.accounting.history import history_steps
 from dptrain.train.ledger import history_from_json, load_ledger
@@ -33,7 +33,8 @@ main()
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd (Linux)")
 def test_a_full_disk_stops_the_run_with_one_paragraph_and_a_ledger_it_resumes_from(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FULL_AT": ".epoch_2.pt."}
     full = subprocess.run([sys.executable, "-c", FULL_DISK_ENTRY, *RUN], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -49,7 +50,7 @@ def test_a_full_disk_stops_the_run_with_one_paragraph_and_a_ledger_it_resumes_fr
     assert "hydra.run.dir=run train.resume=auto" in paragraph
     assert not list((tmp_path / "run" / "checkpoints").glob(".*.tmp"))
 
-    resumed = run_dptrain([*RUN, "train.resume=auto"], tmp_path)
-    assert resumed.returncode == 0, resumed.stderr
+    code, _, err = run_in_process([*RUN, "train.resume=auto"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
     ledger = load_ledger(tmp_path / "run")
     assert ledger["status"] == "completed" and ledger["steps_completed"] == 36

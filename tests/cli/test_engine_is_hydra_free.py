@@ -6,6 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 IMPORT_ENGINE = """
 import importlib, pathlib, sys
 import dptrain
@@ -31,6 +33,7 @@ def test_importing_every_engine_and_train_module_loads_neither_hydra_nor_omegaco
     assert int(count) > 30 and int(train_modules) >= 10 and loaded.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_the_run_api_imports_without_hydra() -> None:
     out = _run("import sys, dptrain.train; from dptrain.train import private_job, train; "
                "print(sorted(k for k in sys.modules if k.split('.')[0] in ('hydra', 'omegaconf')))")

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dptrain_runner import ENTRY, QUIET, read_json, run_dptrain, wait_for
+from dptrain_runner import ENTRY, QUIET, read_json, run_in_process, wait_for
 
 from dptrain.train.ledger import load_ledger
 
@@ -28,7 +28,7 @@ def _start(args: list[str], cwd: Path) -> subprocess.Popen:
 
 
 def test_ctrl_c_ends_the_run_with_one_line_an_interrupted_ledger_and_a_command_that_resumes(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch, capsys) -> None:
     process = _start(LONG_RUN, tmp_path)
     wait_for(tmp_path / "run" / "checkpoints" / "last.pt", process)   # training is under way
     process.send_signal(signal.SIGINT)
@@ -42,16 +42,16 @@ def test_ctrl_c_ends_the_run_with_one_line_an_interrupted_ledger_and_a_command_t
     assert f"epsilon spent so far {ledger['epsilon']:.4g} at delta 1e-05" in line
     command = shlex.split(line.split("Resume with: ", 1)[1])
     assert command[0] == "dptrain" and command[-2:] == ["hydra.run.dir=run", "train.resume=auto"]
-    resumed = run_dptrain([*command[1:], f"train.max_steps={result['steps'] + 1}"], tmp_path)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resumed from run/checkpoints/last.pt at step " in resumed.stdout
+    code, resumed_out, resumed_err = run_in_process(
+        [*command[1:], f"train.max_steps={result['steps'] + 1}"], tmp_path, monkeypatch, capsys)
+    assert code == 0, resumed_err
+    assert "resumed from run/checkpoints/last.pt at step " in resumed_out
     assert load_ledger(tmp_path / "run")["resumes"][-1]["checkpoint"].endswith("last.pt")
 
 
 def test_ctrl_c_before_training_says_no_step_was_taken_without_a_traceback(
         tmp_path: Path, monkeypatch, capsys) -> None:
     import dptrain.cli.build
-    from dptrain_runner import run_in_process
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt   # Ctrl-C while the data loads

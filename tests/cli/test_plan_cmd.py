@@ -3,6 +3,8 @@
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
+from typing import Callable
 
 import pytest
 
@@ -11,18 +13,44 @@ from dptrain.cli.plan import main
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """`dptrain-privacy ARGS` in a new interpreter (for the real exit status and stderr)."""
     return subprocess.run([sys.executable, "-m", "dptrain.cli.plan", *args],
                           capture_output=True, text=True, timeout=120)
 
 
-def results_by_name(proc: subprocess.CompletedProcess) -> dict:
+@dataclass
+class Done:
+    """What `dptrain-privacy ARGS` did, as `subprocess.CompletedProcess` names it."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def dptrain_privacy(capsys: pytest.CaptureFixture[str]) -> Callable[..., Done]:
+    """`dptrain-privacy ARGS` through its entry point in this process (no interpreter start-up)."""
+
+    def call(*args: str) -> Done:
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+        out, err = capsys.readouterr()
+        return Done(code, out, err)
+
+    return call
+
+
+def results_by_name(proc: Done) -> dict:
     assert proc.returncode == 0, proc.stderr
     return {row["accountant"]: row for row in json.loads(proc.stdout)["results"]}
 
 
-def test_epsilon_command_prints_a_table_with_every_accountant():
-    proc = run_cli("epsilon", "--sigma", "1.1", "--sample-rate", "0.004", "--steps", "1000",
-                   "--delta", "1e-5")
+def test_epsilon_command_prints_a_table_with_every_accountant(dptrain_privacy):
+    proc = dptrain_privacy("epsilon", "--sigma", "1.1", "--sample-rate", "0.004", "--steps",
+                           "1000", "--delta", "1e-5")
     assert proc.returncode == 0, proc.stderr
     for name in ("prv", "rdp", "gdp"):
         assert name in proc.stdout
@@ -38,9 +66,9 @@ def test_each_accountant_is_described_in_the_words_of_its_guarantee(capsys, monk
     assert "approximation (CLT), not an upper bound" in out and "certified" not in out
 
 
-def test_epsilon_json_matches_compute_epsilon_for_each_accountant():
-    proc = run_cli("epsilon", "--sigma", "1.1", "--sample-rate", "0.004", "--steps", "1000",
-                   "--delta", "1e-5", "--accountant", "rdp", "prv", "--json")
+def test_epsilon_json_matches_compute_epsilon_for_each_accountant(dptrain_privacy):
+    proc = dptrain_privacy("epsilon", "--sigma", "1.1", "--sample-rate", "0.004", "--steps",
+                           "1000", "--delta", "1e-5", "--accountant", "rdp", "prv", "--json")
     rows = results_by_name(proc)
     assert set(rows) == {"rdp", "prv"}
     for name, row in rows.items():
@@ -48,26 +76,27 @@ def test_epsilon_json_matches_compute_epsilon_for_each_accountant():
     assert rows["prv"]["bounds"][0] <= rows["prv"]["epsilon"] == rows["prv"]["bounds"][1]
 
 
-def test_epochs_with_batch_and_dataset_size_give_sample_rate_and_steps():
-    proc = run_cli("epsilon", "--sigma", "1.0", "--batch-size", "100", "--dataset-size", "10000",
-                   "--epochs", "2.5", "--delta", "1e-5", "--accountant", "rdp", "--json")
+def test_epochs_with_batch_and_dataset_size_give_sample_rate_and_steps(dptrain_privacy):
+    proc = dptrain_privacy("epsilon", "--sigma", "1.0", "--batch-size", "100", "--dataset-size",
+                           "10000", "--epochs", "2.5", "--delta", "1e-5", "--accountant", "rdp",
+                           "--json")
     assert proc.returncode == 0, proc.stderr
     inputs = json.loads(proc.stdout)["inputs"]
     assert inputs["sample_rate"] == 0.01 and inputs["steps"] == 250
 
 
-def test_sigma_command_calibrates_below_the_target_per_accountant():
-    proc = run_cli("sigma", "--target-epsilon", "2", "--delta", "1e-5", "--sample-rate", "0.01",
-                   "--steps", "500", "--accountant", "rdp", "gdp", "--json")
+def test_sigma_command_calibrates_below_the_target_per_accountant(dptrain_privacy):
+    proc = dptrain_privacy("sigma", "--target-epsilon", "2", "--delta", "1e-5", "--sample-rate",
+                           "0.01", "--steps", "500", "--accountant", "rdp", "gdp", "--json")
     rows = results_by_name(proc)
     for name, row in rows.items():
         assert 2 - 0.01 <= row["epsilon"] <= 2
     assert rows["gdp"]["noise_multiplier"] < rows["rdp"]["noise_multiplier"]
 
 
-def test_zero_sigma_reports_infinite_epsilon_without_crashing():
-    proc = run_cli("epsilon", "--sigma", "0", "--sample-rate", "0.01", "--steps", "10",
-                   "--delta", "1e-5", "--json")
+def test_zero_sigma_reports_infinite_epsilon_without_crashing(dptrain_privacy):
+    proc = dptrain_privacy("epsilon", "--sigma", "0", "--sample-rate", "0.01", "--steps", "10",
+                           "--delta", "1e-5", "--json")
     rows = results_by_name(proc)
     assert all(row["epsilon"] == "inf" for row in rows.values())
 
@@ -121,8 +150,9 @@ def test_without_delta_the_dataset_size_gives_the_delta_dptrain_defaults_to(caps
     assert json.loads(capsys.readouterr().out)["inputs"]["delta"] == 1e-5
 
 
-def test_without_delta_or_dataset_size_the_command_asks_for_delta():
-    proc = run_cli("epsilon", "--sigma", "1.1", "--sample-rate", "0.004", "--steps", "1000")
+def test_without_delta_or_dataset_size_the_command_asks_for_delta(dptrain_privacy):
+    proc = dptrain_privacy("epsilon", "--sigma", "1.1", "--sample-rate", "0.004", "--steps",
+                           "1000")
     assert proc.returncode == 2
     assert "give --delta" in proc.stderr and "--dataset-size" in proc.stderr
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from dptrain_runner import ENTRY, QUIET, read_json, wait_for
 
 from dptrain.train.checkpoint import load_checkpoint
@@ -42,11 +44,22 @@ def _resume_command(out: str) -> list[str]:
     return shlex.split(line.split("Resume with: ", 1)[1])
 
 
-def test_sigterm_checkpoints_the_step_reached_and_records_a_preempted_run(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    process, out, err = _preempt(LONG_RUN, tmp_path, [signal.SIGTERM],
-                                 run / "checkpoints" / "last.pt")
-    assert process.returncode == 143, err
+@pytest.fixture(scope="module")
+def sigterm_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str, str]:
+    """A long run preempted by one SIGTERM once training is under way, read by several tests:
+    (the folder it ran in, its exit status, stdout, stderr). Tests that go on with the run copy
+    the folder first."""
+    cwd = tmp_path_factory.mktemp("sigterm")
+    process, out, err = _preempt(LONG_RUN, cwd, [signal.SIGTERM], cwd / "run" / "checkpoints" /
+                                 "last.pt")
+    return cwd, process.returncode, out, err
+
+
+def test_sigterm_checkpoints_the_step_reached_and_records_a_preempted_run(
+        sigterm_run: tuple[Path, int, str, str]) -> None:
+    cwd, returncode, out, err = sigterm_run
+    run = cwd / "run"
+    assert returncode == 143, err
     assert "Traceback" not in out + err
     ledger, result = load_ledger(run), read_json(run / "result.json")
     assert ledger["status"] == result["status"] == "preempted"
@@ -77,9 +90,11 @@ def test_a_second_sigterm_stops_at_once_and_still_records_every_committed_step(
     assert ledger["steps_completed"] >= read_json(run / "result.json")["steps"]
 
 
-def test_a_preempted_resumed_run_leaves_result_and_ledger_agreeing(tmp_path: Path) -> None:
+def test_a_preempted_resumed_run_leaves_result_and_ledger_agreeing(
+        sigterm_run: tuple[Path, int, str, str], tmp_path: Path) -> None:
+    cwd, _, out, _ = sigterm_run
+    shutil.copytree(cwd / "run", tmp_path / "run")   # resumed here; the shared run stays as it was
     run = tmp_path / "run"
-    _, out, _ = _preempt(LONG_RUN, tmp_path, [signal.SIGTERM], run / "checkpoints" / "last.pt")
     before = read_json(run / "result.json")
     first = before["steps"]
     command = _resume_command(out)

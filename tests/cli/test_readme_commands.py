@@ -5,15 +5,13 @@ sweep folders made at the README's paths). Only installs and the test suite itse
 
 from __future__ import annotations
 
-import os
+import importlib
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from dptrain_runner import QUIET, read_json, run_dptrain, run_in_process
+from dptrain_runner import QUIET, read_json, run_in_process
 
 REPO = Path(__file__).resolve().parents[2]
 NOT_RUN = {"pip": "installs the package", "pytest": "the test suite this test belongs to"}
@@ -39,11 +37,19 @@ COMMANDS = readme_commands()
 DPTRAIN = [c[1:] for c in COMMANDS if c[0] == "dptrain"]
 
 
-def _run_module(module: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+def _run_script(argv: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch,
+                capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """The console script `argv[0]` (its module's main) on `argv[1:]`, run from `cwd` in this
+    process: (exit status, stdout, stderr)."""
+    main = importlib.import_module(MODULES[argv[0]]).main
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    try:
+        code = main(argv[1:])
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def test_every_readme_command_is_one_this_file_checks() -> None:
@@ -70,20 +76,23 @@ def test_each_dptrain_command_needing_data_composes(
 
 
 @pytest.mark.parametrize("args", [a for a in DPTRAIN if "dataset.synthetic=true" in a], ids=" ".join)
-def test_each_dptrain_command_needing_no_data_runs_on_a_small_sample(args: list[str],
-                                                                      tmp_path: Path) -> None:
+def test_each_dptrain_command_needing_no_data_runs_on_a_small_sample(
+        args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     # its time is stated in the README as measured, not asserted (a timed test fails under load)
-    result = run_dptrain([*args, "hydra.run.dir=run"], tmp_path, timeout=600)
-    assert result.returncode == 0, result.stderr
+    code, _, err = run_in_process([*args, "hydra.run.dir=run"], tmp_path, monkeypatch, capsys)
+    assert code == 0, err
     assert read_json(tmp_path / "run" / "result.json")["status"] == "completed"
     assert read_json(tmp_path / "run" / "privacy_ledger.json")["dataset"]["size"] <= SMOKE_EXAMPLES
 
 
 @pytest.mark.parametrize("argv", [c for c in COMMANDS if c[0] == "dptrain-privacy"], ids=" ".join)
-def test_each_dptrain_privacy_command_runs(argv: list[str], tmp_path: Path) -> None:
-    result = _run_module(MODULES[argv[0]], argv[1:], tmp_path)
-    assert result.returncode == 0, result.stderr
-    assert "prv" in result.stdout and "rdp" in result.stdout
+def test_each_dptrain_privacy_command_runs(argv: list[str], tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run_script(argv, tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    assert "prv" in out and "rdp" in out
 
 
 def test_each_dptrain_ledger_command_checks_the_run_and_sweep_folders_it_names(
@@ -98,6 +107,6 @@ def test_each_dptrain_ledger_command_checks_the_run_and_sweep_folders_it_names(
                                       tmp_path, monkeypatch, capsys)
         assert code == 0, err
     for argv in commands:
-        result = _run_module(MODULES[argv[0]], argv[1:], tmp_path)
-        assert result.returncode == 0, result.stdout + result.stderr
-        assert "matches" in result.stdout
+        code, out, err = _run_script(argv, tmp_path, monkeypatch, capsys)
+        assert code == 0, out + err
+        assert "matches" in out

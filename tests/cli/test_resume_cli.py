@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dptrain_runner import QUIET, run_dptrain, run_in_process
+from dptrain_runner import QUIET, run_in_process
 
 from dptrain.train.checkpoint import load_checkpoint
 from dptrain.train.ledger import epsilon_of, history_from_json, load_ledger
@@ -154,11 +154,11 @@ def test_resume_auto_from_a_damaged_last_checkpoint_names_the_newest_checkpoint_
     with last.open("r+b") as handle:                       # a disk fault: both damaged
         handle.seek(300)
         handle.write(b"\0" * 64)
-    done = run_dptrain([*RUN, "hydra.run.dir=run", "train.keep_checkpoints=null",
-                        "train.resume=auto"], tmp_path)
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "run/checkpoints/last.pt' is corrupt" in done.stderr
-    assert "epoch_2.pt is the same file (a hard link) and damaged with it" in done.stderr
+    code, _, err = run_in_process([*RUN, "hydra.run.dir=run", "train.keep_checkpoints=null",
+                                   "train.resume=auto"], tmp_path, monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err
+    assert "run/checkpoints/last.pt' is corrupt" in err
+    assert "epoch_2.pt is the same file (a hard link) and damaged with it" in err
     assert ("The newest checkpoint in run/checkpoints that still loads is "
             "run/checkpoints/epoch_1.pt (step 12, epoch 1): resume from it with "
-            "train.resume=run/checkpoints/epoch_1.pt.") in " ".join(done.stderr.split())
+            "train.resume=run/checkpoints/epoch_1.pt.") in " ".join(err.split())

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dptrain_runner import ENTRY, QUIET, read_json, run_dptrain
+from dptrain_runner import ENTRY, QUIET, read_json, run_in_process
 
 from dptrain.train.run_lock import LOCK_FILENAME
 
@@ -37,9 +37,10 @@ def _run_files(folder: Path) -> dict[Path, bytes]:
 
 
 @pytest.fixture
-def finished_run(tmp_path: Path) -> Path:
-    done = run_dptrain(RUN, tmp_path)
-    assert done.returncode == 0, done.stderr
+def finished_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                 capsys: pytest.CaptureFixture[str]) -> Path:
+    code, _, err = run_in_process(RUN, tmp_path, monkeypatch, capsys)
+    assert code == 0, err
     return tmp_path / "run"
 
 
@@ -57,13 +58,15 @@ def _held(run_dir: Path) -> Iterator[subprocess.Popen]:
 
 
 def test_dptrain_on_a_run_folder_another_process_holds_is_refused_naming_the_holder(
-        finished_run: Path) -> None:
+        finished_run: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     before = _run_files(finished_run)
     with _held(finished_run) as holder:
-        refused = run_dptrain([*RUN, "train.resume=auto"], finished_run.parent)
-    assert refused.returncode == 2, refused.stderr
-    assert "Traceback" not in refused.stderr
-    message = refused.stderr.splitlines()[0]
+        code, _, err = run_in_process([*RUN, "train.resume=auto"], finished_run.parent,
+                                      monkeypatch, capsys)
+    assert code == 2, err
+    assert "Traceback" not in err
+    message = err.splitlines()[0]
     assert f"process {holder.pid} on {socket.gethostname()}" in message
     assert str(finished_run) in message and "train.wait_for_lock=true" in message
     assert _run_files(finished_run) == before   # ledger, metrics, checkpoints, result.json

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,20 +18,21 @@ from dptrain.cli.ledger_cmd import main as ledger_main
 from dptrain.cli.report import sweep_report
 from dptrain.cli.sweep_ledger import SWEEP_LEDGER_FILENAME, sweep_cost, verify_sweep_ledger
 from dptrain.train.ledger import PrivacyLedger
-from dptrain_runner import QUIET, read_json, run_dptrain
+from dptrain_runner import QUIET, read_json, run_once_in_process
 
 SIGMAS = (1.0, 2.0)
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """A real two-job sweep over sigma (digits, one epoch of 6 steps), run as `dptrain -m`."""
+def sweep(tmp_path_factory) -> tuple[Path, str]:
+    """A real two-job sweep over sigma (digits, one epoch of 6 steps), run as `dptrain -m`:
+    (its sweep folder, what it printed)."""
     folder = tmp_path_factory.mktemp("sweep")
-    done_run = run_dptrain(["-m", "privacy=sigma", "privacy.noise_multiplier=1,2",
-                            "train.epochs=1", "train.batch_size=256", "hydra.sweep.dir=sweep",
-                            *QUIET], folder, timeout=300)
-    assert done_run.returncode == 0, done_run.stderr
-    return folder / "sweep", done_run
+    code, out, err = run_once_in_process(["-m", "privacy=sigma", "privacy.noise_multiplier=1,2",
+                                          "train.epochs=1", "train.batch_size=256",
+                                          "hydra.sweep.dir=sweep", *QUIET], folder)
+    assert code == 0, err
+    return folder / "sweep", out
 
 
 def _job_histories(sweep_dir: Path) -> list[list]:
@@ -41,7 +41,7 @@ def _job_histories(sweep_dir: Path) -> list[list]:
 
 
 def test_a_sweep_states_that_its_best_job_costs_every_job_composed(sweep):
-    sweep_dir, done_run = sweep
+    sweep_dir, printed = sweep
     ledger = read_json(sweep_dir / SWEEP_LEDGER_FILENAME)
     composed = composed_epsilon(_job_histories(sweep_dir), 1e-5, "prv")
     assert ledger["epsilon"] == pytest.approx(composed, rel=1e-9)
@@ -50,7 +50,7 @@ def test_a_sweep_states_that_its_best_job_costs_every_job_composed(sweep):
     assert composed > max(job["epsilon"] for job in jobs)
     summary_cost = read_json(sweep_dir / "sweep_summary.json")["cost_of_best"]
     assert summary_cost["epsilon"] == ledger["epsilon"] and summary_cost["selection"]["rule"] == "all"
-    assert f"releasing the best job costs epsilon {composed:.4g}" in " ".join(done_run.stdout.split())
+    assert f"releasing the best job costs epsilon {composed:.4g}" in " ".join(printed.split())
 
 
 def test_the_sweep_ledger_records_each_jobs_ledger_history_hash_and_epsilon(sweep):
