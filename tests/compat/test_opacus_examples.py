@@ -6,7 +6,8 @@ The Opacus original is the same file with the import lines put back, run the sam
 Here: mnist, char-lstm-classification, cifar10 and the LSTM name-classifier tutorial (vendored in
 opacus_tutorials/ as its code cells). Elsewhere: imdb.py and the text-classifier tutorial in
 test_opacus_text_examples.py (which serves their downloads), dcgan.py in
-test_opacus_example_dcgan.py, the image-classifier tutorial in
+test_opacus_example_dcgan.py, vision_benchmark.py in
+test_opacus_example_vision_benchmark.py, the image-classifier tutorial in
 test_opacus_image_classifier.py, the advanced-features, grad-sampler and module-validator guides in
 test_opacus_guides.py, the DDP tutorial and fsdp_example.py in
 test_opacus_distributed_examples.py. docs/migrating-from-opacus.md says what is not run and why.
