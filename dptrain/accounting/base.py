@@ -39,9 +39,11 @@ from dptrain.errors import PrivacyError
 _STATE_VERSION = 1
 
 
-def _describe(charges: Mapping[str, Any]) -> str:
+def _describe(charges: Any) -> str:
     """`Accountant.charges` in words, e.g. "selection=shuffle"."""
-    return ", ".join(f"{key}={value}" for key, value in sorted(dict(charges).items())) or "?"
+    if not isinstance(charges, Mapping):
+        return repr(charges)
+    return ", ".join(f"{key}={value}" for key, value in sorted(charges.items())) or "?"
 
 
 def warn_infinite(name: str) -> None:
@@ -170,7 +172,7 @@ class Accountant(ABC):
                 "accountant: build the accountant with get_accountant(state_dict['name'])."
             )
         charges = state_dict.get("charges", self.charges)
-        if dict(charges) != self.charges:
+        if not isinstance(charges, Mapping) or dict(charges) != self.charges:
             raise PrivacyError(
                 f"state_dict holds a history charged as {_describe(charges)}, and this "
                 f"{self.name!r} accountant charges its steps as {_describe(self.charges)}: loaded "

@@ -197,17 +197,16 @@ class ShuffleBatchSampler(PoissonBatchSampler):
             state["order"] = list(self._orders[epoch])
         return state
 
-    @staticmethod
-    def saved_position(state: Mapping[str, Any], steps: int) -> int:
+    def saved_position(self, state: Mapping[str, Any]) -> int:
         """The epoch position (batches of its epoch handed out) a saved state resumes at."""
-        return int(state["batches_drawn"]) % steps
+        return int(state["batches_drawn"]) % self.steps
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()`'s output. PrivacyError (nothing changed) for a state saved
         inside an epoch without its shuffle (OS-entropy or secure randomness never saves it):
         the rest of the epoch would come from a new shuffle, and an example could be in two
         batches of one charged epoch."""
-        position = self.saved_position(state, self.steps)
+        position = self.saved_position(state)
         order = state.get("order") or []
         if position and len(order) != self.num_samples:
             raise PrivacyError(
@@ -394,12 +393,13 @@ class ShuffleDataLoader(DPDataLoader):
         self.poisson_sampler.forget_pending()  # type: ignore[attr-defined]
         return super().__iter__()
 
-    def check_aligned(self, steps_charged: int) -> None:
+    def check_aligned(self, steps_charged: int, position: int | None = None) -> None:
         """PrivacyError unless an accountant holding `steps_charged` steps starts its epochs
-        where this loader starts its shuffles (`check_epochs_aligned`)."""
+        where this loader starts its shuffles (`check_epochs_aligned`), the loader being at
+        its sampler's `position` in its epoch (default: where it is now)."""
         sampler = self.poisson_sampler
-        check_epochs_aligned(steps_charged, sampler.position, sampler.steps,  # type: ignore
-                             "sampling='shuffle'")
+        at = sampler.position if position is None else position  # type: ignore[attr-defined]
+        check_epochs_aligned(steps_charged, at, sampler.steps, "sampling='shuffle'")
 
 
 def loader_sample_rate(data_loader: DataLoader, sample_rate: float | None) -> float:

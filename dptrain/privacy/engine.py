@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 
 from dptrain.accounting import get_accountant
 from dptrain.accounting.events import AccountingEvent
-from dptrain.accounting.shuffle import ShuffleAccountant, check_epochs_aligned
+from dptrain.accounting.shuffle import ShuffleAccountant
 from dptrain.data.cyclic_sampling import CyclicPoissonDataLoader, DistributedCyclicPoissonDataLoader
 from dptrain.data.distributed import DistributedDPDataLoader
 from dptrain.data.given_shuffle import GivenShuffleLoader, given_shuffle_rate
@@ -390,7 +390,7 @@ class PrivacyEngine:
             if users is None:
                 private_loader = self._private_loader(data_loader, plan, allow_non_poisson,
                                                       rate_sched, loader_class)
-                self._check_epochs_aligned(private_loader)  # a kept loader's pass starts an epoch
+                self._check_epochs_aligned(private_loader)  # a shuffled pass starts an epoch
             else:
                 check_user_level_source(source)
                 private_loader = self._user_loader(data_loader, users, plan, rate_sched)
@@ -585,10 +585,8 @@ class PrivacyEngine:
             return
         if sampler_state is None:
             check(len(self.accountant))
-            return
-        sampler = loader.poisson_sampler
-        position = sampler.saved_position(sampler_state, sampler.steps)
-        check_epochs_aligned(len(self.accountant), position, sampler.steps, "sampling='shuffle'")
+        else:
+            check(len(self.accountant), loader.poisson_sampler.saved_position(sampler_state))
 
     # -- helpers -------------------------------------------------------------------------------
     def _reproducible_parts(self) -> tuple[bool, bool | None]:

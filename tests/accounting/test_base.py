@@ -248,7 +248,7 @@ def test_rdp_state_dict_with_an_unknown_conversion_is_refused_and_changes_nothin
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_a_shuffled_history_is_refused_by_a_poisson_accountant_of_the_same_name_and_the_reverse(name):
+def test_a_shuffled_history_is_refused_by_a_poisson_accountant_of_its_name_and_the_reverse(name):
     """A shuffled accountant carries the configured name: only the recorded charge tells its
     history (no amplification, epochs) from a Poisson one (amplified)."""
     shuffled = get_accountant(name, "shuffle")
@@ -280,3 +280,9 @@ def test_a_state_saved_before_the_charge_was_recorded_loads_as_before(name):
         other = get_accountant(name, sampling)
         other.load_state_dict(old)
         assert other.history == acc.history
+
+
+def test_a_state_whose_charge_is_not_a_mapping_is_refused_naming_it():
+    acc = get_accountant("rdp")
+    with pytest.raises(PrivacyError, match="charged as 'shuffle'"):
+        acc.load_state_dict({"name": "rdp", "history": [], "charges": "shuffle"})

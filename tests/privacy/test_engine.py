@@ -564,3 +564,15 @@ def test_a_reproducible_shuffle_resumed_mid_epoch_finishes_the_same_epoch():
     _steps(model, optimizer, loader, 5)  # the rest of the first epoch: no refusal
     assert len(engine.accountant) == 8
     assert loader.poisson_sampler.position == 0
+
+
+def test_shuffle_steps_once_per_logical_batch_split_into_physical_chunks():
+    engine, model, optimizer, loader = _private(sampling="shuffle")  # batches of 8
+    for _ in range(2):
+        with dptrain.BatchMemoryManager(data_loader=loader, max_physical_batch_size=3,
+                                        optimizer=optimizer) as chunks:
+            for x, y in chunks:
+                nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    assert len(engine.accountant) == 16
