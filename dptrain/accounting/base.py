@@ -39,6 +39,13 @@ from dptrain.errors import PrivacyError
 _STATE_VERSION = 1
 
 
+def _describe(charges: Any) -> str:
+    """`Accountant.charges` in words, e.g. "selection=shuffle"."""
+    if not isinstance(charges, Mapping):
+        return repr(charges)
+    return ", ".join(f"{key}={value}" for key, value in sorted(charges.items())) or "?"
+
+
 def warn_infinite(name: str) -> None:
     """Warn that a history with sigma == 0 has an infinite epsilon."""
     warnings.warn(
@@ -139,22 +146,41 @@ class Accountant(ABC):
         """Delta of a non-empty history of runs with sigma > 0, q > 0, steps > 0."""
 
     # ---- state -----------------------------------------------------------------------------
+    @property
+    def charges(self) -> dict[str, Any]:
+        """How its history is charged, as `state_dict` records it: {"selection"} (poisson |
+        shuffle; CorrelatedNoiseAccountant adds its groups and noise strategy)."""
+        return {"selection": self.sampling}
+
     def state_dict(self) -> dict[str, Any]:
-        """A JSON/torch-serialisable snapshot: {"name", "version", "history"}."""
+        """A JSON/torch-serialisable snapshot: {"name", "version", "history", "charges"}."""
         return {
             "name": self.name,
             "version": _STATE_VERSION,
             "history": [[s, q, n] for s, q, n in self._history],
+            "charges": self.charges,
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore the history saved by `state_dict` (the accountant name must match)."""
+        """Restore the history saved by `state_dict`: the accountant name and, when the state
+        records it (states saved before it was recorded do not), what the history was charged
+        as (`charges`) must match."""
         name = state_dict.get("name", self.name)
         if name != self.name:
             raise PrivacyError(
                 f"state_dict of a {name!r} accountant cannot be loaded into a {self.name!r} "
                 "accountant: build the accountant with get_accountant(state_dict['name'])."
             )
+        charges = state_dict.get("charges", self.charges)
+        if not isinstance(charges, Mapping) or dict(charges) != self.charges:
+            raise PrivacyError(
+                f"state_dict holds a history charged as {_describe(charges)}, and this "
+                f"{self.name!r} accountant charges its steps as {_describe(self.charges)}: loaded "
+                "here, the saved steps would be charged under another mechanism's accounting "
+                "(shuffled batches without amplification, or Poisson batches with it), and the "
+                "epsilon would not be that of the steps taken. Load it into an accountant built "
+                "for the same sampling (get_accountant(name, sampling), or make_private with the "
+                "same sampling before loading the engine's state).")
         if "history" not in state_dict:
             raise PrivacyError("state_dict lacks 'history': pass the output of Accountant.state_dict().")
         self._history = normalize_history(state_dict["history"])

@@ -155,6 +155,12 @@ class CorrelatedNoiseAccountant(Accountant):
         self.approximate = base.approximate
         self.guarantee = base.guarantee
 
+    @property
+    def charges(self) -> dict[str, Any]:
+        """Its event: selection, groups and the noise strategy (`AccountingEvent.strategy_key`)."""
+        return {"selection": self.event.selection, "groups": self.event.groups,
+                "strategy": self.event.strategy_key}
+
     def _charged_runs(self) -> History:
         # every step keeps its position (cyclic groups, epochs), q = 0 steps included
         return list(self._history) if spending_runs(self._history) else []

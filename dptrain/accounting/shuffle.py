@@ -69,6 +69,25 @@ def shuffle_epsilon(history: History, delta: float) -> float:
     return gdp_epsilon(shuffle_mu(history), delta)
 
 
+def check_epochs_aligned(steps_charged: int, position: int, pass_length: int, loader: str) -> None:
+    """PrivacyError unless an accountant holding `steps_charged` steps starts its epochs where a
+    shuffled loader (`loader`, in words), `position` batches into a pass of `pass_length`
+    batches, starts its passes. Otherwise a pass would begin inside an epoch already charged, and
+    an example could be in two batches of that epoch, charged as one: the one rule every
+    shuffled selection (sampling shuffle and given_shuffle) checks when a loader and a history
+    meet (make_private, loading a saved state)."""
+    if (steps_charged - position) % pass_length == 0:
+        return
+    raise PrivacyError(
+        f"the accountant holds {steps_charged} steps, but the data loader charged as a shuffle "
+        f"({loader}) is {position} batches into a pass of {pass_length}: its next pass would "
+        "begin inside an epoch already charged, where an example could be in two batches "
+        "charged as one. Save checkpoints at the end of a pass (a multiple of "
+        f"{pass_length} steps) and load them before iterating the loader (with sampling="
+        "'shuffle' and reproducible randomness, PrivacyEngine.load_state_dict also restores "
+        "a shuffle saved mid-pass), or make a fresh PrivacyEngine private for a new run.")
+
+
 class ShuffleAccountant(Accountant):
     """The accountant of a shuffled run: the exact composed-Gaussian epsilon above.
 
@@ -91,5 +110,5 @@ class ShuffleAccountant(Accountant):
         return gdp_delta(shuffle_mu(runs), epsilon)
 
 
-__all__ = ["NEIGHBOURING", "SENSITIVITY", "ShuffleAccountant", "epoch_sigmas", "shuffle_epsilon",
-           "shuffle_mu"]
+__all__ = ["NEIGHBOURING", "SENSITIVITY", "ShuffleAccountant", "check_epochs_aligned",
+           "epoch_sigmas", "shuffle_epsilon", "shuffle_mu"]

@@ -30,7 +30,8 @@ from typing import Any
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from dptrain.accounting.history import steps_per_epoch
-from dptrain.errors import ConfigError, PrivacyError
+from dptrain.accounting.shuffle import check_epochs_aligned
+from dptrain.errors import ConfigError
 
 
 def _sampler_problem(sampler: Any, dataset: Any) -> str | None:
@@ -142,15 +143,7 @@ class GivenShuffleLoader:
         """PrivacyError unless an accountant holding `steps_charged` steps starts its epochs
         where this loader starts its passes: otherwise the next pass would begin inside an epoch
         already charged, and an example could be in two batches of it, charged once."""
-        if (steps_charged - self.position) % len(self) == 0:
-            return
-        raise PrivacyError(
-            f"the accountant holds {steps_charged} steps, but the data loader kept as a shuffle "
-            f"(sampling='given_shuffle') is {self.position} batches into a pass of {len(self)}: "
-            "its next pass would begin inside an epoch already charged, where an example could "
-            "be in two batches charged as one. Save checkpoints at the end of a pass (a multiple "
-            f"of {len(self)} steps) and load them before iterating the loader, or make a fresh "
-            "PrivacyEngine private for a new run.")
+        check_epochs_aligned(steps_charged, self.position, len(self), "sampling='given_shuffle'")
 
     def add_hand_out_listener(self, listener: Callable[[], None]) -> None:
         """Call `listener()` each time a batch reaches the training loop."""

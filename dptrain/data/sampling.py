@@ -26,8 +26,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from dptrain.accounting.calibration import steps_per_epoch
+from dptrain.accounting.shuffle import check_epochs_aligned
 from dptrain.checks import check_sample_rate
-from dptrain.errors import ConfigError
+from dptrain.errors import ConfigError, PrivacyError
 from dptrain.randomness import entropy_generator, uniform
 
 
@@ -136,36 +137,90 @@ class ShuffleBatchSampler(PoissonBatchSampler):
     permutation is drawn from `dptrain.randomness.uniform` (argsort of N uniforms) with the same
     generator rules as the Poisson coins. Accounted without amplification
     (dptrain.accounting.shuffle); the batches' members must still stay secret.
+
+    Batch i (counted over the whole run) is slice i mod steps of epoch i // steps's shuffle, so
+    that the accountant's epochs (steps counted from the first) are the shuffle's epochs as long
+    as step t releases batch t: batches a DataLoader drew ahead and an abandoned iterator dropped
+    are drawn again (`forget_pending`, from the same epoch's shuffle), and the DP optimizer
+    refuses a step after a batch handed out and not stepped on.
     """
 
     def __init__(self, num_samples: int, sample_rate: float,
                  generator: torch.Generator | None = None, secure: bool = False) -> None:
         super().__init__(num_samples, sample_rate, generator=generator, secure=secure)
         self.batch_size = max(1, round(self.sample_rate * self.num_samples))
-        self._order: list[int] = []
+        #: the shuffle of each epoch still needed (the epoch of the next batch handed out, and
+        #: the later ones batches were drawn ahead from), epoch index -> permutation of range(N)
+        self._orders: dict[int, list[int]] = {}
+
+    @property
+    def handed_out(self) -> int:
+        """Batches handed to the training loop so far (drawn, minus those still pending)."""
+        return self.batches_drawn - len(self.pending_rates)
+
+    def _order(self, epoch: int) -> list[int]:
+        """The shuffle of `epoch` (drawn on its first batch); earlier epochs are forgotten."""
+        current = self.handed_out // self.steps
+        self._orders = {e: o for e, o in self._orders.items() if e >= current}
+        if epoch not in self._orders:
+            order = torch.argsort(uniform(self.num_samples, self.generator, self.secure))
+            self._orders[epoch] = order.tolist()
+        return self._orders[epoch]
 
     def draw(self) -> list[int]:
-        """The next batch of the current epoch's shuffle (a new shuffle at each epoch start)."""
-        position = self.batches_drawn % self.steps
-        if position == 0 or not self._order:
-            order = torch.argsort(uniform(self.num_samples, self.generator, self.secure))
-            self._order = order.tolist()
+        """The next batch: slice (batches_drawn mod steps) of its epoch's shuffle."""
+        epoch, position = divmod(self.batches_drawn, self.steps)
+        order = self._order(epoch)
         self.batches_drawn += 1
         start = position * self.batch_size
         end = self.num_samples if position == self.steps - 1 else start + self.batch_size
-        return sorted(self._order[start:end])
+        return sorted(order[start:end])
+
+    def forget_pending(self) -> None:
+        """Forget the batches drawn and not handed out (an abandoned iterator's prefetch): they
+        are drawn again, the same slices of the same shuffles, for the steps that release them."""
+        self.batches_drawn = self.handed_out
+        self.pending_rates.clear()
+
+    @property
+    def position(self) -> int:
+        """Batches of the current epoch handed out (0 at the start of an epoch)."""
+        return self.handed_out % self.steps
 
     def state_dict(self) -> dict[str, Any]:
-        """As the Poisson sampler's, with the epoch's order when reproducible (mid-epoch
-        resume continues the same shuffle)."""
+        """As the Poisson sampler's, batches counted as handed out, with the current epoch's
+        shuffle when reproducible (a mid-epoch resume continues the same shuffle)."""
         state = super().state_dict()
-        if self.reproducible:
-            state["order"] = list(self._order)
+        state["batches_drawn"] = self.handed_out
+        epoch = self.handed_out // self.steps
+        if self.reproducible and self.position and epoch in self._orders:
+            state["order"] = list(self._orders[epoch])
         return state
 
+    def saved_position(self, state: Mapping[str, Any]) -> int:
+        """The epoch position (batches of its epoch handed out) a saved state resumes at."""
+        return int(state["batches_drawn"]) % self.steps
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s output. PrivacyError (nothing changed) for a state saved
+        inside an epoch without its shuffle (OS-entropy or secure randomness never saves it):
+        the rest of the epoch would come from a new shuffle, and an example could be in two
+        batches of one charged epoch."""
+        position = self.saved_position(state)
+        order = state.get("order") or []
+        if position and len(order) != self.num_samples:
+            raise PrivacyError(
+                f"the saved shuffle sampler stopped {position} batches into an epoch of "
+                f"{self.steps}, and its shuffle was not saved (only reproducible randomness "
+                "saves it): the rest of the epoch would come from a new shuffle, where an example "
+                "already trained on in this epoch could be drawn again, charged once. Resume "
+                f"from a state saved at the end of an epoch (a multiple of {self.steps} steps), "
+                "or make both runs reproducible (PrivacyEngine(seed=..., "
+                "reproducible_mechanism=True)) to resume mid-epoch.")
         super().load_state_dict(state)
-        self._order = list(state.get("order", []))
+        self.pending_rates.clear()
+        epoch = self.batches_drawn // self.steps
+        self._orders = {epoch: list(order)} if position else {}
 
 
 def _empty_like(batch: Any) -> Any:
@@ -332,6 +387,19 @@ class ShuffleDataLoader(DPDataLoader):
         return cls(data_loader.dataset, loader_sample_rate(data_loader, sample_rate),
                    generator=generator, secure=secure, collate_fn=data_loader.collate_fn,
                    **_loader_kwargs(data_loader))
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        """A fresh iterator; the batches an abandoned one drew ahead are drawn again."""
+        self.poisson_sampler.forget_pending()  # type: ignore[attr-defined]
+        return super().__iter__()
+
+    def check_aligned(self, steps_charged: int, position: int | None = None) -> None:
+        """PrivacyError unless an accountant holding `steps_charged` steps starts its epochs
+        where this loader starts its shuffles (`check_epochs_aligned`), the loader being at
+        its sampler's `position` in its epoch (default: where it is now)."""
+        sampler = self.poisson_sampler
+        at = sampler.position if position is None else position  # type: ignore[attr-defined]
+        check_epochs_aligned(steps_charged, at, sampler.steps, "sampling='shuffle'")
 
 
 def loader_sample_rate(data_loader: DataLoader, sample_rate: float | None) -> float:

@@ -390,7 +390,7 @@ class PrivacyEngine:
             if users is None:
                 private_loader = self._private_loader(data_loader, plan, allow_non_poisson,
                                                       rate_sched, loader_class)
-                self._check_epochs_aligned(private_loader)  # a kept loader's pass starts an epoch
+                self._check_epochs_aligned(private_loader)  # a shuffled pass starts an epoch
             else:
                 check_user_level_source(source)
                 private_loader = self._user_loader(data_loader, users, plan, rate_sched)
@@ -541,36 +541,52 @@ class PrivacyEngine:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore `state_dict()`'s output (call after make_private for the full state)."""
-        self.load_accountant_state(state["accountant"])
+        """Restore `state_dict()`'s output (call after make_private for the full state).
+
+        PrivacyError, the engine left as it was, when the saved history and the saved sampler
+        would not keep a shuffled loader's passes on the accountant's epochs
+        (`load_accountant_state`), or when a shuffle stopped mid-epoch cannot be continued
+        (its shuffle was not saved: dptrain.data.sampling.ShuffleBatchSampler)."""
+        sampler = getattr(self.data_loader, "poisson_sampler", None)
+        saved_sampler = state.get("sampler") if sampler is not None else None
+        self.load_accountant_state(state["accountant"], saved_sampler)
         opt = self.optimizer
         noise_gen = self._saved_noise_generator()
         if noise_gen is not None and state.get("noise_generator") is not None:
             noise_gen.set_state(state["noise_generator"])
-        sampler = getattr(self.data_loader, "poisson_sampler", None)
-        if sampler is not None and state.get("sampler") is not None:
-            sampler.load_state_dict(state["sampler"])
         if opt is not None and state.get("optimizer") is not None:
             opt.load_dp_state_dict(state["optimizer"])
 
-    def load_accountant_state(self, state: Mapping[str, Any]) -> None:
-        """Load the accountant's `state`; PrivacyError (the accountant left as it was) when its
-        epochs would no longer start where a caller's loader kept as a shuffle starts a pass."""
+    def load_accountant_state(self, state: Mapping[str, Any],
+                              sampler_state: Mapping[str, Any] | None = None) -> None:
+        """Load the accountant's `state` (and the private loader's sampler's `sampler_state`,
+        if given); PrivacyError (both left as they were) when the accountant's epochs would no
+        longer start where a loader charged as a shuffle (dptrain's, or a caller's kept one)
+        starts a pass, or the sampler refuses its state."""
         previous = self.accountant.state_dict()
         self.accountant.load_state_dict(state)
         try:
-            self._check_epochs_aligned()
-        except PrivacyError:
+            self._check_epochs_aligned(sampler_state=sampler_state)
+            if sampler_state is not None:
+                self.data_loader.poisson_sampler.load_state_dict(sampler_state)
+        except Exception:
             self.accountant.load_state_dict(previous)
             raise
 
-    def _check_epochs_aligned(self, loader: Any = None) -> None:
-        """PrivacyError when the accountant's history and the place of a caller's loader kept
-        as a shuffle (GivenShuffleLoader; default: the engine's) in its pass disagree (nothing
-        to check for other loaders)."""
-        check = getattr(self.data_loader if loader is None else loader, "check_aligned", None)
-        if callable(check):
+    def _check_epochs_aligned(self, loader: Any = None,
+                              sampler_state: Mapping[str, Any] | None = None) -> None:
+        """PrivacyError when the accountant's history and the place of a loader charged as a
+        shuffle (dptrain's ShuffleDataLoader, or a caller's kept GivenShuffleLoader; default:
+        the engine's) in its pass disagree; with `sampler_state`, the place that state would
+        restore. Nothing to check for other loaders."""
+        loader = self.data_loader if loader is None else loader
+        check = getattr(loader, "check_aligned", None)
+        if not callable(check):
+            return
+        if sampler_state is None:
             check(len(self.accountant))
+        else:
+            check(len(self.accountant), loader.poisson_sampler.saved_position(sampler_state))
 
     # -- helpers -------------------------------------------------------------------------------
     def _reproducible_parts(self) -> tuple[bool, bool | None]:

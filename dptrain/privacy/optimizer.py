@@ -83,9 +83,9 @@ class DPOptimizer(Optimizer):
     """
 
     #: Refuse a step when the linked loader handed out more than one batch since the previous
-    #: step (set for cyclic Poisson sampling and a kept loader charged as a shuffle: a skipped
-    #: batch would shift the groups or passes against the steps, and an example could take part
-    #: in steps fewer than `groups` apart, or twice in one accounted epoch).
+    #: step (set for cyclic Poisson sampling and shuffled batches, dptrain's or a kept loader's:
+    #: a skipped batch would shift the groups or passes against the steps, and an example could
+    #: take part in steps fewer than `groups` apart, or twice in one accounted epoch).
     one_batch_per_step: bool = False
 
     def __init__(self, optimizer: Optimizer, noise_multiplier: float,
@@ -299,9 +299,8 @@ class DPOptimizer(Optimizer):
             self._refuse(
                 f"the private data loader handed out {self._batches_since_step} batches since the "
                 "previous step, but step t must release batch t of this loader (cyclic Poisson "
-                "sampling: the batch of group t mod groups; a kept loader charged as a shuffle: "
-                "a batch of pass t // len(loader)): a skipped batch would let an example take "
-                "part in two steps that the accounting charges as one group or one epoch. Call "
+                "sampling: the batch of group t mod groups; shuffled batches: a batch of pass "
+                "t // len(loader)): a skipped batch would let an example take part in two steps that the accounting charges as one group or one epoch. Call "
                 "optimizer.step() once for every batch of the loader (an empty batch included).")
         if self._earlier_sum_pending:
             self._refuse(

@@ -148,8 +148,8 @@ class Selection:
     def steps_follow_batches(self) -> bool:
         """Whether step t must release exactly batch t of the private loader (a skipped batch
         would shift the batches against the accountant's groups or epochs): cyclic Poisson
-        groups, and the caller's loader charged as a shuffle."""
-        return self.kind in ("cyclic_poisson", "given_shuffle")
+        groups, dptrain's shuffle and the caller's loader charged as a shuffle."""
+        return self.kind in ("cyclic_poisson", "shuffle", "given_shuffle")
 
     @property
     def accounting(self) -> AccountingEvent:

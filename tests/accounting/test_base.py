@@ -245,3 +245,44 @@ def test_rdp_state_dict_with_an_unknown_conversion_is_refused_and_changes_nothin
     with pytest.raises(PrivacyError, match="conversion"):
         acc.load_state_dict(state)
     assert acc.history == [] and acc.conversion == "tight"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_shuffled_history_is_refused_by_a_poisson_accountant_of_its_name_and_the_reverse(name):
+    """A shuffled accountant carries the configured name: only the recorded charge tells its
+    history (no amplification, epochs) from a Poisson one (amplified)."""
+    shuffled = get_accountant(name, "shuffle")
+    shuffled.step(noise_multiplier=1.0, sample_rate=0.25, steps=4)
+    poisson = get_accountant(name)
+    with pytest.raises(PrivacyError, match="charged as selection=shuffle.*selection=poisson"):
+        poisson.load_state_dict(shuffled.state_dict())
+    assert len(poisson) == 0
+    poisson.step(noise_multiplier=1.0, sample_rate=0.25, steps=4)
+    with pytest.raises(PrivacyError, match="charged as selection=poisson.*selection=shuffle"):
+        get_accountant(name, "shuffle").load_state_dict(poisson.state_dict())
+
+
+def test_a_cyclic_poisson_history_is_refused_by_a_plain_poisson_accountant():
+    from dptrain.accounting.events import AccountingEvent
+
+    cyclic = get_accountant("prv", AccountingEvent("cyclic_poisson", groups=4))
+    cyclic.step(noise_multiplier=1.0, sample_rate=0.1, steps=4)
+    with pytest.raises(PrivacyError, match="groups=4"):
+        get_accountant("prv").load_state_dict(cyclic.state_dict())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_state_saved_before_the_charge_was_recorded_loads_as_before(name):
+    acc = get_accountant(name)
+    acc.step(noise_multiplier=1.0, sample_rate=0.25, steps=4)
+    old = {key: value for key, value in acc.state_dict().items() if key != "charges"}
+    for sampling in ("poisson", "shuffle"):
+        other = get_accountant(name, sampling)
+        other.load_state_dict(old)
+        assert other.history == acc.history
+
+
+def test_a_state_whose_charge_is_not_a_mapping_is_refused_naming_it():
+    acc = get_accountant("rdp")
+    with pytest.raises(PrivacyError, match="charged as 'shuffle'"):
+        acc.load_state_dict({"name": "rdp", "history": [], "charges": "shuffle"})

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from dptrain.data.sampling import DPDataLoader, PoissonBatchSampler, dataset_size
+from dptrain.data.sampling import DPDataLoader, PoissonBatchSampler, ShuffleDataLoader, dataset_size
 from dptrain.errors import ConfigError, PrivacyError
 
 
@@ -161,3 +161,62 @@ def test_batches_prefetched_by_an_abandoned_iterator_are_not_reported_for_later_
 def test_out_of_order_batches_are_a_config_error_naming_in_order():
     with pytest.raises(ConfigError, match="in_order=False"):
         DPDataLoader(TensorDataset(torch.zeros(4, 1)), sample_rate=0.5, in_order=False)
+
+
+# -- shuffled batches (ShuffleBatchSampler, ShuffleDataLoader) -----------------------------------
+
+def _index_loader(n: int = 10, batch_size: int = 3, **kwargs) -> ShuffleDataLoader:
+    """A seeded shuffle over examples 0..n-1 whose batches are their indices."""
+    data = TensorDataset(torch.arange(n))
+    return ShuffleDataLoader(data, batch_size / n, generator=torch.Generator().manual_seed(0),
+                             **kwargs)
+
+
+def _windows_hold_each_example_once(batches: list[list[int]], steps: int) -> bool:
+    """Whether every window of `steps` consecutive batches, counted from the first (the
+    accountant's epochs), holds each example at most once."""
+    for start in range(0, len(batches), steps):
+        members = [i for batch in batches[start:start + steps] for i in batch]
+        if len(members) != len(set(members)):
+            return False
+    return True
+
+
+def test_shuffled_epochs_counted_in_steps_hold_each_example_once_when_iterators_are_abandoned():
+    """An abandoned iterator had drawn batches ahead (worker prefetch) that never reach the loop:
+    the next iterator draws them again, so batch t handed out is still batch t of the shuffles."""
+    loader = _index_loader(num_workers=1, prefetch_factor=2)  # 4 batches per epoch
+    handed_out: list[list[int]] = []
+    for taken in (1, 2, 3, 2, 1, 3, 2, 2):
+        iterator = iter(loader)
+        for _ in range(taken):
+            handed_out.append(next(iterator)[0].tolist())
+        del iterator
+    assert len(handed_out) == 16
+    assert _windows_hold_each_example_once(handed_out, len(loader))
+
+
+def test_a_shuffle_saved_mid_epoch_without_its_shuffle_is_refused_and_changes_nothing():
+    """An OS-entropy shuffle never saves its permutation: resumed mid-epoch, the rest of the
+    epoch would come from a new shuffle and could repeat an example already trained on."""
+    saved = ShuffleDataLoader(TensorDataset(torch.arange(10)), 0.3)  # OS entropy
+    for _, _ in zip(range(2), saved):
+        pass
+    state = saved.poisson_sampler.state_dict()
+    assert state["batches_drawn"] == 2 and "order" not in state
+    resumed = ShuffleDataLoader(TensorDataset(torch.arange(10)), 0.3)
+    with pytest.raises(PrivacyError, match="2 batches into an epoch of 4"):
+        resumed.poisson_sampler.load_state_dict(state)
+    assert resumed.poisson_sampler.batches_drawn == 0
+    at_epoch_end = dict(state, batches_drawn=4)
+    resumed.poisson_sampler.load_state_dict(at_epoch_end)  # a new epoch: a new shuffle is right
+    assert resumed.poisson_sampler.batches_drawn == 4
+
+
+def test_a_seeded_shuffle_saved_mid_epoch_resumes_the_same_shuffle():
+    saved = _index_loader()
+    batches = [b.tolist() for _, (b,) in zip(range(2), saved)]
+    resumed = _index_loader()
+    resumed.poisson_sampler.load_state_dict(saved.poisson_sampler.state_dict())
+    batches += [b.tolist() for _, (b,) in zip(range(2), resumed)]
+    assert sorted(i for batch in batches for i in batch) == list(range(10))

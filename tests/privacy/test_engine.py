@@ -489,3 +489,90 @@ def test_given_shuffle_refuses_an_accountant_that_stopped_inside_an_epoch():
     engine.accountant.step(noise_multiplier=1.0, sample_rate=8 / N, steps=3)
     with pytest.raises(PrivacyError, match="holds 3 steps"):
         _private(engine, sampling="given_shuffle")
+
+
+# -- dptrain's shuffle (sampling="shuffle"): steps stay on the accountant's epochs ---------------
+
+def test_shuffle_refuses_a_step_after_a_skipped_batch():
+    """A batch handed out and never stepped on would shift the shuffle's passes against the
+    accountant's epochs of steps: step t must release batch t."""
+    engine, model, optimizer, loader = _private(sampling="shuffle")
+    batches = iter(loader)
+    next(batches)  # handed out, never stepped on (a loop that `continue`s)
+    x, y = next(batches)
+    nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(PrivacyError, match="handed out 2 batches"):
+        optimizer.step()
+    assert len(engine.accountant) == 0
+
+
+def test_shuffle_accepts_a_loop_that_leaves_each_epochs_iterator_after_its_last_batch():
+    """The command's loop takes len(loader) batches of each epoch's iterator and never asks it
+    for the end; a new iterator then starts the next epoch (and max_steps leaves one mid-way)."""
+    engine, model, optimizer, loader = _private(sampling="shuffle")  # 8 batches per epoch
+    for steps in (8, 8, 3):
+        batches = iter(loader)
+        for _ in range(steps):
+            x, y = next(batches)
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+    assert len(engine.accountant) == 19
+
+
+def test_shuffle_refuses_an_accountant_that_stopped_inside_an_epoch():
+    engine = dptrain.PrivacyEngine(accountant="rdp", seed=0)
+    engine.accountant.step(noise_multiplier=1.0, sample_rate=8 / N, steps=3)
+    with pytest.raises(PrivacyError, match="holds 3 steps.*sampling='shuffle'"):
+        _private(engine, sampling="shuffle")
+
+
+def test_shuffle_refuses_to_resume_mid_epoch_without_the_epochs_shuffle():
+    """OS-entropy randomness never saves the shuffle: the rest of an interrupted epoch would
+    come from a new shuffle, and an example trained on before the interruption could be drawn
+    again inside the same charged epoch."""
+    saved, model, optimizer, loader = _private(dptrain.PrivacyEngine(accountant="rdp"),
+                                               sampling="shuffle")  # OS entropy, epochs of 8
+    _steps(model, optimizer, loader, 8)
+    at_epoch_end = saved.state_dict()
+    _steps(model, optimizer, loader, 3)
+    engine = _private(dptrain.PrivacyEngine(accountant="rdp"), sampling="shuffle")[0]
+    with pytest.raises(PrivacyError, match="3 batches into an epoch of 8"):
+        engine.load_state_dict(saved.state_dict())
+    assert len(engine.accountant) == 0  # left as it was
+    engine.load_state_dict(at_epoch_end)
+    assert len(engine.accountant) == 8
+
+
+def test_shuffle_refuses_a_history_that_ends_mid_epoch_for_a_loader_at_an_epoch_start():
+    saved, model, optimizer, loader = _private(sampling="shuffle")
+    _steps(model, optimizer, loader, 3)
+    engine = _private(sampling="shuffle")[0]
+    with pytest.raises(PrivacyError, match="holds 3 steps.*0 batches into a pass of 8"):
+        engine.load_accountant_state(saved.accountant.state_dict())
+    assert len(engine.accountant) == 0
+
+
+def test_a_reproducible_shuffle_resumed_mid_epoch_finishes_the_same_epoch():
+    def reproducible():
+        return dptrain.PrivacyEngine(accountant="rdp", seed=0, reproducible_mechanism=True)
+
+    saved, model, optimizer, loader = _private(reproducible(), sampling="shuffle")
+    _steps(model, optimizer, loader, 3)
+    engine, model, optimizer, loader = _private(reproducible(), sampling="shuffle")
+    engine.load_state_dict(saved.state_dict())
+    _steps(model, optimizer, loader, 5)  # the rest of the first epoch: no refusal
+    assert len(engine.accountant) == 8
+    assert loader.poisson_sampler.position == 0
+
+
+def test_shuffle_steps_once_per_logical_batch_split_into_physical_chunks():
+    engine, model, optimizer, loader = _private(sampling="shuffle")  # batches of 8
+    for _ in range(2):
+        with dptrain.BatchMemoryManager(data_loader=loader, max_physical_batch_size=3,
+                                        optimizer=optimizer) as chunks:
+            for x, y in chunks:
+                nn.functional.cross_entropy(model(x), y).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+    assert len(engine.accountant) == 16
