@@ -300,8 +300,9 @@ class DPOptimizer(Optimizer):
                 f"the private data loader handed out {self._batches_since_step} batches since the "
                 "previous step, but step t must release batch t of this loader (cyclic Poisson "
                 "sampling: the batch of group t mod groups; shuffled batches: a batch of pass "
-                "t // len(loader)): a skipped batch would let an example take part in two steps that the accounting charges as one group or one epoch. Call "
-                "optimizer.step() once for every batch of the loader (an empty batch included).")
+                "t // len(loader)): a skipped batch would let an example take part in two steps "
+                "that the accounting charges as one group or one epoch. Call optimizer.step() "
+                "once for every batch of the loader (an empty batch included).")
         if self._earlier_sum_pending:
             self._refuse(
                 "the clipped sum accumulated by skipped steps (signal_skip_step) belongs to an "

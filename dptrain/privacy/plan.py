@@ -149,7 +149,7 @@ class Selection:
         """Whether step t must release exactly batch t of the private loader (a skipped batch
         would shift the batches against the accountant's groups or epochs): cyclic Poisson
         groups, dptrain's shuffle and the caller's loader charged as a shuffle."""
-        return self.kind in ("cyclic_poisson", "shuffle", "given_shuffle")
+        return self.shuffled or self.kind == "cyclic_poisson"
 
     @property
     def accounting(self) -> AccountingEvent:
