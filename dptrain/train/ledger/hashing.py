@@ -42,7 +42,8 @@ ADDED_KEYS: dict[str, Any] = {"privacy.sampling": None, "privacy.sampling_groups
                               "privacy.max_examples_per_user": None, "dataset.user_column": None,
                               "lr_schedule.kind": "constant", "privacy.noise": "independent",
                               "privacy.noise_bands": None, "privacy.noise_buffers": None,
-                              "model.zero_init_head": False, "optimizer.head_lr": None}
+                              "model.zero_init_head": False, "optimizer.head_lr": None,
+                              "model.pooling": "model"}
 
 
 def _kept_items(config: dict[str, Any], exempt_keys: tuple[str, ...]) -> dict[str, Any]:
