@@ -160,6 +160,33 @@ def save_tiny(folder: Path, kind: str, pad: bool = False, seed: int = 0, dropout
     return Path(folder)
 
 
+def save_sentence_transformer(folder: Path, pooling: dict[str, bool] | None = None, seed: int = 0,
+                              dropout: float = 0.0) -> Path:
+    """A tiny BERT saved as sentence-transformers saves one: the base `BertModel` and its
+    tokenizer at the top, `modules.json` naming Transformer, Pooling and Normalize modules, the
+    Pooling module's `1_Pooling/config.json` (`pooling`: its `pooling_mode_*` flags; default
+    the mean over the tokens, as all-MiniLM-L6-v2) and an empty `2_Normalize/`. Returns `folder`."""
+    import torch
+
+    torch.manual_seed(seed)
+    tokenizer = build_tokenizer(Path(folder), "bert")
+    _model("bert", tokenizer, dropout).bert.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    modes = {"pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
+             "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
+             **(pooling or {})}
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize",
+                "type": "sentence_transformers.models.Normalize"}]
+    (Path(folder) / "modules.json").write_text(json.dumps(modules, indent=2))
+    (Path(folder) / "1_Pooling").mkdir()
+    (Path(folder) / "1_Pooling" / "config.json").write_text(
+        json.dumps({"word_embedding_dimension": WIDTH, **modes}, indent=2))
+    (Path(folder) / "2_Normalize").mkdir()
+    return Path(folder)
+
+
 # ----------------------------------------------------------------------------- data files
 def write_csv(path: Path, rows: list[dict[str, object]]) -> Path:
     """`rows` (dicts with the same keys) as a CSV file with a header line."""

@@ -148,6 +148,8 @@ class HFModelConfig(ModelConfig):
     download: bool = False
     freeze_embeddings: bool = False
     zero_init_head: bool = False
+    # auto | model | mean | cls | max | mean_sqrt_len (dptrain.models.hf.pooling_of)
+    pooling: str = "auto"
 
 
 # ----------------------------------------------------------------------------- optimizer

@@ -5,6 +5,8 @@
 already in the local cache loads without a download), optionally freezes parameters by name
 pattern and adds LoRA adapters with `peft`, and returns an :class:`HFModel`: one tensor in,
 logits out, so that the training loop's `loss_fn(model(x), y)` works as for every other model.
+A sentence-transformers checkpoint is classified from the pooling it declares
+(`dptrain.models.hf_pooling.PooledClassifier`; `pooling_of` says when).
 
 Inputs are `[B, 2T]` int64: the token ids then the attention mask, right padded (`pack_inputs`,
 what `dptrain.data.datasets.text` stores), one flat row per example. Each batch is cut to its longest sequence
@@ -32,6 +34,8 @@ from torch.nn import functional as F
 from dptrain.errors import ConfigError
 from dptrain.losses import IGNORE_INDEX, TokenLoss
 from dptrain.models.hf_config import DTYPES, PEFT_TASK_TYPES, TASKS, LoraConfig
+from dptrain.models.hf_pooling import (POOLING_MODES, PooledClassifier, local_reader,
+                                       sentence_pooling)
 
 MAX_LISTED = 6           # module / column names quoted in an error
 
@@ -188,7 +192,8 @@ class HFModel(nn.Module):
 
     def new_parameters(self) -> list[nn.Parameter]:
         """The parameters the checkpoint did not hold (a new classification head: BERT's
-        `classifier`, RoBERTa's `classifier.dense` and `classifier.out_proj`, GPT-2's `score`),
+        `classifier`, RoBERTa's `classifier.dense` and `classifier.out_proj`, GPT-2's `score`, a
+        PooledClassifier's `classifier`),
         in `model.named_parameters()` order; empty for a causal LM or a head the checkpoint
         held."""
         new = set(self.new_parameter_names)
@@ -384,6 +389,38 @@ def zero_new_head(model: nn.Module, new_keys: Sequence[str], num_labels: int) ->
 
 
 # ----------------------------------------------------------------------------- building
+def pooling_of(pooling: str, name_or_path: str, task: str, download: bool = False) -> str | None:
+    """The pooling mode `build_hf_model` gives a classifier (`PooledClassifier`), or None for
+    the transformers class's own head (`model.pooling=model`, a causal LM, or `auto` on a
+    folder or hub id that declares no sentence-transformers pooling)."""
+    if pooling not in (*POOLING_MODES, "auto", "model"):
+        raise ConfigError(f"model.pooling={pooling!r} is not a pooling: use auto, model or one "
+                          f"of {', '.join(POOLING_MODES)}.")
+    if task != "sequence_classification" or pooling == "model":
+        return None
+    if pooling == "auto":
+        read = local_reader(name_or_path) if is_local(name_or_path) else \
+            _hub_reader(name_or_path, download)
+        return sentence_pooling(read, name_or_path)
+    return pooling
+
+
+def _hub_reader(repo: str, download: bool) -> Callable[[str], str | None]:
+    """`read` for `sentence_pooling` over a hub id's files: those in the Hugging Face cache, and
+    when `download`, from the hub. An absent file, or one that cannot be fetched, is None (the
+    model's own download then says what is wrong)."""
+    import huggingface_hub
+
+    def read(name: str) -> str | None:
+        try:
+            path = (huggingface_hub.hf_hub_download(repo, name) if download
+                    else huggingface_hub.try_to_load_from_cache(repo, name))
+        except Exception:  # noqa: BLE001 - no such file, no network: not a declared pooling
+            return None
+        return Path(path).read_text(encoding="utf-8") if isinstance(path, str) else None
+    return read
+
+
 def build_hf_model(
     name_or_path: str,
     task: str = "sequence_classification",
@@ -395,6 +432,7 @@ def build_hf_model(
     download: bool = False,
     freeze_embeddings: bool = False,
     zero_init_head: bool = False,
+    pooling: str = "auto",
 ) -> HFModel:
     """A pretrained model ready for `make_private`.
 
@@ -415,6 +453,10 @@ def build_hf_model(
         zero_init_head: start a new classification head's output layer at zero (`zero_new_head`),
             so that its first logits are 0 for every text instead of a random offset that the
             first noisy steps must undo (docs/transformers.md, "Defaults of model=hf").
+        pooling: how a classifier turns the token states into one vector. `auto`: the pooling
+            a sentence-transformers folder declares (`dptrain.models.hf_pooling`; the mean over
+            the tokens for all-MiniLM-L6-v2), else the transformers class's own head; `model`:
+            always the class's own head; or a mode of `hf_pooling.POOLING_MODES`.
     """
     transformers = _import_hf()
     if task not in TASKS:
@@ -433,6 +475,9 @@ def build_hf_model(
         auto = transformers.AutoModelForSequenceClassification
     else:
         auto = transformers.AutoModelForCausalLM
+    mode = pooling_of(pooling, name_or_path, task, download)
+    if mode is not None:
+        auto, kwargs = transformers.AutoModel, {"dtype": kwargs["dtype"]}
     with _no_progress_bars(not download, transformers):
         model, loading = from_pretrained(auto.from_pretrained, name_or_path, download=download,
                                          key="model.name_or_path", what="the model",
@@ -440,6 +485,9 @@ def build_hf_model(
     model.config.pad_token_id = tokenizer.pad_token_id
     new_keys = [*loading.get("missing_keys", ()),
                 *(k[0] if isinstance(k, tuple) else k for k in loading.get("mismatched_keys", ()))]
+    if mode is not None:
+        model = PooledClassifier(model, mode, num_labels)
+        new_keys = [] if model.load_head(name_or_path) else ["classifier.weight", "classifier.bias"]
     if zero_init_head and task == "sequence_classification":
         zero_new_head(model, new_keys, num_labels)
     if lora_settings is not None:

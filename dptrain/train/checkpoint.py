@@ -43,7 +43,7 @@ import torch
 from dptrain.train.budget import PrivacySpend
 from dptrain.train.display import shown_path
 from dptrain.train.job import Position, TrainingJob, unwrap
-from dptrain.train.ledger import PrivacyLedger, config_differences, refresh_layer_strategies, same_config
+from dptrain.train.ledger import PrivacyLedger, describe_differences, refresh_layer_strategies, same_config
 from dptrain.train.replay import start_fingerprint
 from dptrain.train.settings import setting_name
 from dptrain.data.fingerprint import data_fingerprint
@@ -277,11 +277,9 @@ def check_same_config(state: dict[str, Any], config: dict[str, Any], path: Path 
     """Raise ConfigError naming the differing keys when the checkpoint's config is another."""
     if same_config(state["config_hash"], state["config"], config):
         return
-    keys = config_differences(state["config"], config)
-    shown = ", ".join(keys[:10]) + (" ..." if len(keys) > 10 else "")
     raise ConfigError(f"Checkpoint {str(path)!r} ({setting_name('train.resume')}) was written "
-                      "with a different "
-                      f"config; differing keys: {shown or '(hash only)'}. Resume with the same "
+                      "with a different config; differing keys: "
+                      f"{describe_differences(state['config'], config)}. Resume with the same "
                       "config, or start a new run in a new folder.")
 
 

@@ -33,7 +33,7 @@ from dptrain.train.ledger import (
     LEDGER_FILENAME,
     PrivacyLedger,
     carry_randomness,
-    config_differences,
+    describe_differences,
     load_ledger,
     same_config,
 )
@@ -143,11 +143,10 @@ class Resumer:
                 f"`{setting_name('train.resume', 'auto')}` to continue that run. Nothing was "
                 "changed.")
         if not same_config(previous["config_hash"], previous["config"], self.job.config):
-            keys = config_differences(previous["config"], self.job.config)
-            shown = ", ".join(keys[:10]) + (" ..." if len(keys) > 10 else "")
             raise ConfigError(
                 f"The run folder {str(self.run_dir)!r} holds the privacy ledger of a run with a "
-                f"different config; differing keys: {shown or '(hash only)'}. Continue it with "
+                f"different config; differing keys: "
+                f"{describe_differences(previous['config'], self.job.config)}. Continue it with "
                 f"the same config, or use a new folder ({setting_name('hydra.run.dir')}). "
                 "Nothing was changed.")
 

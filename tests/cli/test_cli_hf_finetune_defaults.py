@@ -72,6 +72,11 @@ def test_the_composed_optimizer_gives_a_new_head_the_head_rate_and_the_body_the_
     assert {rates[id(p)] for p in model.parameters() if id(p) not in head} == {2e-3}
 
 
+def test_model_hf_reads_a_checkpoints_own_pooling_unless_told_otherwise() -> None:
+    assert _composed()["model"]["pooling"] == "auto"
+    assert _composed("model.pooling=model")["model"]["pooling"] == "model"
+
+
 def test_model_hf_with_lora_uses_hooks_and_the_lora_learning_rate() -> None:
     cfg = _composed(LORA)
     assert (cfg["optimizer"]["lr"], cfg["privacy"]["grad_sample_mode"]) == (1e-2, "hooks")
@@ -112,3 +117,8 @@ def test_minilm_fine_tuned_with_the_defaults_alone_learns_sentiment(tmp_path: Pa
     assert run["test_accuracy"] >= MIN_ACCURACY, run
     ledger = json.loads((tmp_path / "run" / "privacy_ledger.json").read_text())
     assert ledger["lr_schedule"]["kind"] == "linear" and ledger["epsilon"] <= 3.0
+    # classified from the mean over the tokens that the checkpoint's 1_Pooling declares
+    assert ledger["config"]["model"]["pooling"] == "auto"
+    saved = tmp_path / "run" / "model_hf" / "pooling.json"
+    if not extra:  # LoRA's save_pretrained is PEFT's (adapters and head)
+        assert json.loads(saved.read_text())["pooling"] == "mean"

@@ -189,6 +189,13 @@ def test_config_mismatch_names_the_differing_keys() -> None:
         ckpt.check_same_config(state, tiny_config(**{"optimizer.lr": 0.5}), "c.pt")
 
 
+def test_config_mismatch_shows_the_recorded_and_the_new_value_of_each_key() -> None:
+    state = _state(tiny_config())
+    lr = tiny_config()["optimizer"]["lr"]
+    with pytest.raises(ConfigError, match=rf"optimizer\.lr \(recorded {lr!r}, now 0\.5\)"):
+        ckpt.check_same_config(state, tiny_config(**{"optimizer.lr": 0.5}), "c.pt")
+
+
 def test_resume_exempt_keys_do_not_change_the_config_hash() -> None:
     base = tiny_config()
     changed = tiny_config(**{"train.resume": "auto", "train.max_steps": 7})

@@ -166,6 +166,14 @@ def test_a_config_recorded_before_optimizer_head_lr_is_the_same_run_with_it_null
     assert config_differences(old, head) == ["optimizer.head_lr"]
 
 
+def test_a_config_recorded_before_model_pooling_is_the_run_with_the_classes_own_head() -> None:
+    old = {"model": {"name_or_path": "./minilm"}}
+    own_head = {"model": {**old["model"], "pooling": "model"}}
+    assert config_hash(old) == config_hash(own_head) and config_differences(old, own_head) == []
+    auto = {"model": {**old["model"], "pooling": "auto"}}
+    assert config_differences(old, auto) == ["model.pooling"]
+
+
 def test_a_recorded_reproducible_noise_is_compared_as_reproducible_mechanism() -> None:
     old = _privacy(reproducible_noise=False)
     assert config_differences(old, _privacy(reproducible_mechanism=False)) == []

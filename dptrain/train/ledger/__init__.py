@@ -48,6 +48,7 @@ from dptrain.train.ledger.hashing import (  # noqa: F401
     RESUME_EXEMPT_KEYS,
     config_differences,
     config_hash,
+    describe_differences,
     same_config,
 )
 from dptrain.train.ledger.verification import (  # noqa: F401

@@ -36,13 +36,16 @@ RENAMED_KEYS = {"privacy.reproducible_noise": "privacy.reproducible_mechanism"}
 # privacy unit was one example, no dataset named users; the learning rate was constant; the
 # noise was independent; a new classifier head started random (an older full fine-tuning run
 # resumes with model.zero_init_head=false, the value it trained with); every parameter trained
-# at optimizer.lr (a new head's own rate, optimizer.head_lr, null).
+# at optimizer.lr (a new head's own rate, optimizer.head_lr, null); a classifier read the
+# transformers class's own head (model.pooling=model; `auto` reads a sentence-transformers
+# checkpoint's pooling: another model, so such a run resumes only with model.pooling=model).
 ADDED_KEYS: dict[str, Any] = {"privacy.sampling": None, "privacy.sampling_groups": None,
                               "privacy.unit": "example",
                               "privacy.max_examples_per_user": None, "dataset.user_column": None,
                               "lr_schedule.kind": "constant", "privacy.noise": "independent",
                               "privacy.noise_bands": None, "privacy.noise_buffers": None,
-                              "model.zero_init_head": False, "optimizer.head_lr": None}
+                              "model.zero_init_head": False, "optimizer.head_lr": None,
+                              "model.pooling": "model"}
 
 
 def _kept_items(config: dict[str, Any], exempt_keys: tuple[str, ...]) -> dict[str, Any]:
@@ -62,15 +65,30 @@ def config_hash(config: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Dotted keys whose values differ between two configs (RESUME_EXEMPT_KEYS left out; the old
-    config's RENAMED_KEYS under their new names, its missing ADDED_KEYS at their old meaning),
-    sorted."""
+def _compared(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The flattened values a resume compares: RESUME_EXEMPT_KEYS left out, the old config's
+    RENAMED_KEYS under their new names and its missing ADDED_KEYS at their old meaning."""
     a = {RENAMED_KEYS.get(k, k): v
          for k, v in json_safe(_kept_items(old, RESUME_EXEMPT_KEYS)).items()}
     b = json_safe(_kept_items(new, RESUME_EXEMPT_KEYS))
     a.update({k: v for k, v in ADDED_KEYS.items() if k not in a and k in b})
+    return a, b
+
+
+def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Dotted keys whose values differ between two configs (as `_compared` reads them), sorted."""
+    a, b = _compared(old, new)
     return sorted(k for k in set(a) | set(b) if a.get(k, "<missing>") != b.get(k, "<missing>"))
+
+
+def describe_differences(old: dict[str, Any], new: dict[str, Any], limit: int = 10) -> str:
+    """The first `limit` differing keys with both values, for a refusal to resume, e.g.
+    "model.pooling (recorded 'model', now 'auto')"; "(hash only)" when only the hash differs."""
+    a, b = _compared(old, new)
+    keys = config_differences(old, new)
+    shown = [f"{k} (recorded {a.get(k, '<missing>')!r}, now {b.get(k, '<missing>')!r})"
+             for k in keys[:limit]]
+    return ", ".join(shown) + (" ..." if len(keys) > limit else "") or "(hash only)"
 
 
 def same_config(recorded_hash: str, recorded: dict[str, Any], config: dict[str, Any]) -> bool:
