@@ -77,6 +77,8 @@ class PoissonBatchSampler(Sampler[list[int]]):
         self.handed_out_rate: float | None = None
         #: fn() called each time a batch reaches the training loop (the DP optimizer's check).
         self.hand_out_listeners: list[Callable[[], None]] = []
+        #: iterators of the loader started so far; only the newest may hand out batches
+        self.iterators_started = 0
 
     def __len__(self) -> int:
         return self.steps
@@ -279,17 +281,30 @@ class _HandOutIterator:
 
     Batches arrive in the order their indices were drawn (the DataLoader keeps order), so the
     i-th batch handed out is the i-th one drawn for this iterator; `len()` and other attributes
-    are the wrapped iterator's.
+    are the wrapped iterator's. Only the loader's newest iterator hands out batches: a new one
+    takes over the sampler's pending batches, so an older one raises PrivacyError when asked for
+    another batch.
     """
 
     def __init__(self, iterator: Iterator[Any], sampler: PoissonBatchSampler) -> None:
+        sampler.iterators_started += 1
         self._iterator = iterator
         self._sampler = sampler
+        self._number = sampler.iterators_started
 
     def __iter__(self) -> _HandOutIterator:
         return self
 
     def __next__(self) -> Any:
+        if self._number != self._sampler.iterators_started:
+            raise PrivacyError(
+                "a batch was asked of an iterator of a private DataLoader after a newer iterator "
+                "of the same loader was started (iter(loader) again). The new iterator has taken "
+                "over the sampler: the batches this one drew ahead are drawn again for it, and "
+                "the sample rate recorded for each batch is the new iterator's, so a batch from "
+                "this one could repeat examples of the same shuffled epoch or be charged at "
+                "another batch's rate. Use one iterator at a time: drop this one (or finish it) "
+                "before calling iter(loader) again.")
         batch = next(self._iterator)
         self._sampler.hand_out()
         return batch

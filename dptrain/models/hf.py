@@ -241,6 +241,11 @@ def parameter_groups(model: nn.Module, head_lr: float | None) -> list[dict[str, 
     new = {id(p) for m in model.modules() if isinstance(m, HFModel) for p in m.new_parameters()}
     head = [p for p in trainable if id(p) in new]
     if not head:
+        warnings.warn(
+            f"optimizer.head_lr={head_lr} is not used: the model has no new head (a "
+            "classification head its checkpoint did not hold; a checkpoint's own head, LoRA's "
+            "head, a causal LM and models other than model=hf have none), so every parameter "
+            "trains at optimizer.lr. Set optimizer.head_lr=null to silence this.", stacklevel=2)
         return [{"params": trainable}]
     body = [p for p in trainable if id(p) not in new]
     return [*([{"params": body}] if body else []), {"params": head, "lr": float(head_lr)}]

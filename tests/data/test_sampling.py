@@ -196,6 +196,29 @@ def test_shuffled_epochs_counted_in_steps_hold_each_example_once_when_iterators_
     assert _windows_hold_each_example_once(handed_out, len(loader))
 
 
+def test_an_older_iterator_of_a_shuffle_loader_is_refused_once_a_newer_one_started():
+    """Two live iterators: the new one draws again the batches the old one prefetched, so the old
+    one's next batch would repeat examples of the same epoch, charged once."""
+    loader = _index_loader(num_workers=1, prefetch_factor=2)
+    old = iter(loader)
+    first = next(old)[0].tolist()
+    new = iter(loader)
+    with pytest.raises(PrivacyError, match="newer iterator of the same loader"):
+        next(old)
+    handed_out = [first, *(next(new)[0].tolist() for _ in range(3))]
+    assert _windows_hold_each_example_once(handed_out, len(loader))
+
+
+def test_an_older_iterator_of_a_poisson_loader_is_refused_once_a_newer_one_started():
+    """The new iterator owns the record of each pending batch's sample rate."""
+    loader = _scheduled_loader(lambda t: 1.0 / (t + 1))
+    old = iter(loader)
+    next(old)
+    next(iter(loader))
+    with pytest.raises(PrivacyError, match="Use one iterator at a time"):
+        next(old)
+
+
 def test_a_shuffle_saved_mid_epoch_without_its_shuffle_is_refused_and_changes_nothing():
     """An OS-entropy shuffle never saves its permutation: resumed mid-epoch, the rest of the
     epoch would come from a new shuffle and could repeat an example already trained on."""

@@ -6,6 +6,7 @@ Tiny random-init models saved with save_pretrained (tests/hf_tiny.py) stand in f
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -142,9 +143,20 @@ def test_parameter_groups_are_one_group_without_head_lr_or_a_new_head(
     saved_head = build_hf_model(str(folders["bert"]), num_labels=2)  # the checkpoint's own
     lora = build_hf_model(str(folders["bert"]), num_labels=3, lora={"target_modules": ["query"]})
     for model, head_lr in ((new_head, None), (saved_head, 0.5), (lora, 0.5)):
-        groups = parameter_groups(model, head_lr)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            groups = parameter_groups(model, head_lr)
         assert len(groups) == 1 and "lr" not in groups[0]
         assert groups[0]["params"] == [p for p in model.parameters() if p.requires_grad]
+
+
+def test_a_head_lr_with_no_new_head_to_use_it_is_a_warning_naming_the_key(
+        folders: dict[str, Path]) -> None:
+    saved_head = build_hf_model(str(folders["bert"]), num_labels=2)  # the checkpoint's own
+    with pytest.warns(UserWarning, match=r"optimizer.head_lr=0.5 is not used: the model has no new head"):
+        parameter_groups(saved_head, 0.5)
+    with pytest.warns(UserWarning, match="optimizer.head_lr=0.5 is not used"):
+        parameter_groups(torch.nn.Linear(2, 2), 0.5)
 
 
 # ----------------------------------------------------------------------------- bad input

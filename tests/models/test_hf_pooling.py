@@ -161,3 +161,22 @@ def test_a_hub_id_in_the_cache_is_classified_from_the_pooling_it_declares(
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no network here
     model = build_hf_model("org/tiny-sentence-model")
     assert isinstance(model.model, PooledClassifier) and model.model.pooling == "mean"
+
+
+def test_lora_adapters_saved_from_a_pooled_classifier_load_back_with_peft(
+        sentence_folder: Path, tmp_path: Path) -> None:
+    import peft
+
+    from dptrain.models.hf import HFModel
+
+    model = build_hf_model(str(sentence_folder), lora=LORA, dtype="float64").eval()
+    torch.manual_seed(0)
+    for p in model.parameters():
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.1)
+    model.save_pretrained(tmp_path / "saved")
+    base = build_hf_model(str(sentence_folder), dtype="float64").model
+    again = HFModel(peft.PeftModel.from_pretrained(base, str(tmp_path / "saved")),
+                    "sequence_classification").eval()
+    x = _batch(model, TEXTS)
+    torch.testing.assert_close(again(x), model(x))
