@@ -140,11 +140,6 @@ class Selection:
         return self.kind in ("shuffle", "given_shuffle")
 
     @property
-    def kept_loader(self) -> bool:
-        """Whether the caller's own loader is trained on as is ("given", "given_shuffle")."""
-        return self.kind in GIVEN_SELECTIONS
-
-    @property
     def steps_follow_batches(self) -> bool:
         """Whether step t must release exactly batch t of the private loader (a skipped batch
         would shift the batches against the accountant's groups or epochs): cyclic Poisson

@@ -85,7 +85,7 @@ def test_the_callers_loader_kept_as_a_shuffle_is_recorded_as_kept_and_recomputed
     recorded = plan.to_dict()
     assert recorded["selection"]["kind"] == "given_shuffle"
     assert PrivacyPlan.from_dict(recorded) == plan
-    assert plan.accounting == AccountingEvent("shuffle") and plan.selection.kept_loader
+    assert plan.accounting == AccountingEvent("shuffle") and plan.selection.shuffled
     assert "given_shuffle" not in COMMAND_SELECTIONS  # a Python-API selection only
     history = [(1.0, 0.25, 12)]  # 3 epochs of 4 steps
     assert epsilon_of(history, 1e-5, "prv", ledger_sampling({"plan": recorded})) \
