@@ -178,6 +178,10 @@ def _gathered_view(base: type) -> type:
     parameters: `model_parameters` returns them instead of the registered (sharded) ones."""
 
     class Gathered(base):  # type: ignore[misc, valid-type]
+        # a layer's output can be its FSDP unit's output, whose pre-backward hook gathers the
+        # unit's parameters: the hooks must see the gathered objects, so they run after it
+        hooks_after_later_ones = True
+
         def __init__(self, model: nn.Module, shards: ShardMap, **kwargs: Any) -> None:
             object.__setattr__(self, "_shard_map", shards)  # read by __init__'s hooks
             super().__init__(model, **kwargs)

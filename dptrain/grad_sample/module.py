@@ -300,6 +300,10 @@ class GradSampleModule(nn.Module):
     :mod:`~dptrain.grad_sample.accumulate`).
     """
 
+    #: give each hooked layer's caller a view of its output, so that hooks registered later on
+    #: that output run before this module's (a fully sharded model: dptrain.distributed.fsdp)
+    hooks_after_later_ones = False
+
     def __init__(self, model: nn.Module, batch_first: bool = True, loss_reduction: str = "mean") -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
@@ -453,7 +457,14 @@ class GradSampleModule(nn.Module):
         flags and its detached copies are not model computation for the pass's provenance mode.
         """
         with bookkeeping():
-            return self._record(name, layer, args, kwargs, output)
+            replaced = self._record(name, layer, args, kwargs, output)
+        if (replaced is None and self.hooks_after_later_ones and isinstance(output, Tensor)
+                and output.requires_grad and self._capturing(layer)):
+            # the caller gets a view (made here, where the pass's provenance tracks it): hooks
+            # others put on it (FSDP's pre-backward hook on a unit's output, which gathers the
+            # unit's parameters) then run before ours, which read the layer's parameters
+            return output.view_as(output)
+        return replaced
 
     def _record(self, name: str, layer: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
         """The body of :meth:`_capture`."""

@@ -22,11 +22,11 @@ from dptrain_runner import QUIET, read_json, run_in_process
 
 from dptrain.accounting import compute_epsilon
 from dptrain.models.hf import pack_inputs
-from tests.hf_tiny import e2e_rows, review_rows, save_tiny, write_csv
+from tests.hf_tiny import e2e_rows, review_rows, save_sentence_transformer, save_tiny, write_csv
 
 TRAIN_ROWS, TEST_ROWS, BATCH = 48, 12, 12
 GPT2_PAD = 'model.pad_token="<|endoftext|>"'
-LORA_TARGETS = {"bert": ["query", "value"], "gpt2": ["c_attn"]}
+LORA_TARGETS = {"bert": ["query", "value"], "sentence": ["query", "value"], "gpt2": ["c_attn"]}
 LORA = {kind: f"model.lora={{r:2,alpha:4,target_modules:[{','.join(targets)}]}}"
         for kind, targets in LORA_TARGETS.items()}
 
@@ -36,6 +36,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hf_cli")
     for kind in ("bert", "roberta", "gpt2", "llama"):
         save_tiny(root / kind, kind)
+    save_sentence_transformer(root / "sentence", dropout=0.1)  # read through its mean pooling
     write_csv(root / "train.csv", review_rows(TRAIN_ROWS))
     write_csv(root / "test.csv", review_rows(TEST_ROWS))
     write_csv(root / "e2e.csv", e2e_rows(TRAIN_ROWS))
@@ -90,7 +91,7 @@ def runs(files: Path) -> Runs:
     return Runs(files)
 
 
-CASES = [(kind, mode, lora) for kind in ("bert", "gpt2") for mode in ("hooks", "ghost")
+CASES = [(kind, mode, lora) for kind in ("bert", "sentence", "gpt2") for mode in ("hooks", "ghost")
          for lora in (False, True)]
 
 
@@ -172,6 +173,21 @@ def test_full_release_loads_with_from_pretrained_and_gives_the_trained_logits(
                                    trained(pack_inputs(ids, mask)))
 
 
+def test_a_pooled_classifiers_release_loads_with_build_hf_model_and_gives_the_trained_logits(
+        files: Path, runs: Runs) -> None:
+    from dptrain.models.hf import build_hf_model
+    from dptrain.models.hf_pooling import PooledClassifier
+
+    run_dir = runs.get("sentence", "ghost", False)
+    loaded = build_hf_model(str(run_dir / "model_hf")).eval()
+    trained = _trained(files, run_dir, "sentence", lora=False)
+    assert isinstance(trained.model, PooledClassifier) and trained.model.pooling == "mean"
+    x = pack_inputs(*_ids(trained, ["i liked it", "a dull slow ending"]))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), trained(x))
+    assert bool(trained.model.classifier.weight.abs().sum() > 0)  # trained from its zero start
+
+
 # ----------------------------------------------------------------------------- 16-bit training
 #: precision name -> (its overrides, the dtype of the weights trained and released)
 SIXTEEN_BIT = {"bf16_weights": (["model.dtype=bfloat16"], torch.bfloat16),
@@ -180,7 +196,7 @@ SIXTEEN_BIT = {"bf16_weights": (["model.dtype=bfloat16"], torch.bfloat16),
 
 @pytest.mark.parametrize("precision", sorted(SIXTEEN_BIT))
 @pytest.mark.parametrize("mode", ["hooks", "ghost"])
-@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+@pytest.mark.parametrize("kind", ["bert", "sentence", "gpt2"])
 def test_16_bit_training_runs_two_private_steps_through_the_command(
         files: Path, kind: str, mode: str, precision: str, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture) -> None:

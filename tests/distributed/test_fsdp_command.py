@@ -134,6 +134,47 @@ def test_a_sharded_hugging_face_gpt2_run_trains_the_single_process_weights(hf_ru
     assert _ledger(hf_runs / "fsdp_0")["history"] == _ledger(hf_runs / "single")["history"]
 
 
+@pytest.fixture(scope="module")
+def pooled_runs(tmp_path_factory) -> Path:
+    """A tiny sentence-transformers BERT (model=hf reads it through its mean pooling:
+    dptrain.models.hf_pooling.PooledClassifier; no dropout) fine-tuned on one process and sharded
+    over 2 ranks (one unit per BertEmbeddings and BertLayer), in one-row chunks, with hooks and
+    with ghost clipping. Each unit ends in a LayerNorm whose output is the unit's output."""
+    hf_tiny = pytest.importorskip("tests.hf_tiny")
+    root = tmp_path_factory.mktemp("fsdp_pooled")
+    hf_tiny.save_sentence_transformer(root / "sentence")
+    hf_tiny.write_csv(root / "reviews.csv", hf_tiny.review_rows(32))
+    args = tuple(o for o in COMMON if not o.startswith("train.batch_size")) + (
+        "model=hf", f"model.name_or_path={root / 'sentence'}", "dataset=text",
+        f"dataset.train_file={root / 'reviews.csv'}", "dataset.text_column=review",
+        "dataset.max_len=16", "train.batch_size=8", "optimizer=sgd", "optimizer.lr=0.5",
+        "optimizer.head_lr=null",
+        "model.zero_init_head=false")  # a random head: the body gets gradient from step one
+    modes = {mode: args + (f"privacy.grad_sample_mode={mode}",) for mode in ("hooks", "ghost")}
+    for mode, mode_args in modes.items():
+        torch.save(workers.train_cli(str(root / f"single_{mode}"), mode_args + ("hardware=cpu",)),
+                   root / f"single_{mode}.pt")
+    ranks = workers.run_ranks(_fsdp_runs, root, timeout_s=240, args=(tuple(
+        (str(root / f"fsdp_{mode}_{{rank}}"), mode_args + FSDP + CHUNKS)
+        for mode, mode_args in modes.items()),))
+    for result in ranks:
+        assert "crash" not in result, result.get("crash")
+    torch.save(ranks, root / "ranks.pt")
+    return root
+
+
+@pytest.mark.parametrize("index, mode", [(0, "hooks"), (1, "ghost")])
+def test_a_sharded_bert_whose_units_end_in_a_layer_norm_trains_the_single_process_weights(
+        pooled_runs: Path, index: int, mode: str):
+    """The hooks of a layer whose output is its unit's output run after FSDP's pre-backward
+    hook has gathered the unit's parameters (they were keyed by the sharded ones: hooks mode
+    refused the run, ghost mode trained other weights)."""
+    single = torch.load(pooled_runs / f"single_{mode}.pt", weights_only=False)
+    for rank in torch.load(pooled_runs / "ranks.pt", weights_only=False):
+        torch.testing.assert_close(rank["runs"][index]["params"], single["params"], rtol=0, atol=1e-4)
+        assert rank["runs"][index]["history"] == single["history"]
+
+
 @pytest.mark.slow
 def test_dptrain_hardware_fsdp_relaunches_itself_under_torchrun_like_ddp(tmp_path: Path):
     """The real command: `dptrain hardware=fsdp hardware.nproc_per_node=2` starts torchrun."""
