@@ -61,7 +61,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 from dptrain.errors import ConfigError, UnsupportedModuleError
 from dptrain.grad_sample.accumulate import BackwardRows, ForwardPass, PerPassStore
@@ -458,12 +458,11 @@ class GradSampleModule(nn.Module):
         """
         with bookkeeping():
             replaced = self._record(name, layer, args, kwargs, output)
-        if (replaced is None and self.hooks_after_later_ones and isinstance(output, Tensor)
-                and output.requires_grad and self._capturing(layer)):
-            # the caller gets a view (made here, where the pass's provenance tracks it): hooks
-            # others put on it (FSDP's pre-backward hook on a unit's output, which gathers the
+        if replaced is None and self.hooks_after_later_ones and self._capturing(layer):
+            # the caller gets views (made here, where the pass's provenance tracks them): hooks
+            # others put on them (FSDP's pre-backward hook on a unit's output, which gathers the
             # unit's parameters) then run before ours, which read the layer's parameters
-            return output.view_as(output)
+            return tree_map_only(Tensor, lambda t: t.view_as(t) if t.requires_grad else t, output)
         return replaced
 
     def _record(self, name: str, layer: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
