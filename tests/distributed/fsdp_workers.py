@@ -93,6 +93,37 @@ def bert_lora_problem() -> tuple[nn.Module, TensorDataset, Callable[[nn.Module, 
     return model, _token_data(labels), loss
 
 
+def bert_classifier() -> nn.Module:
+    """A tiny float64 BERT classifier, every weight trainable, no dropout: each BertLayer ends in
+    a LayerNorm whose output is the layer's output."""
+    import transformers as t
+
+    torch.manual_seed(SEED)
+    return t.BertForSequenceClassification(t.BertConfig(
+        vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=2 * WIDTH, max_position_embeddings=SEQ, num_labels=2,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).double()
+
+
+def ghost_squared_norms(source: nn.Module, model: nn.Module) -> dict[str, torch.Tensor]:
+    """{parameter name: Tensor[4]}: the ghost squared per-example norms `source` (wrapping
+    `model`) gives for one backward of a fixed batch of 4 token sequences."""
+    g = torch.Generator().manual_seed(SEED)
+    ids, y = torch.randint(0, VOCAB, (4, SEQ), generator=g), torch.tensor([0, 1, 1, 0])
+    nn.functional.cross_entropy(source(input_ids=ids).logits, y).backward()
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: v.detach().clone() for p, v in source.squared_norms().items()}
+
+
+def bert_norms_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
+    """`ghost_squared_norms` of `bert_classifier()` sharded one unit per BertLayer, then the root."""
+    from dptrain.distributed.fsdp import sharded_source
+
+    init_gloo(rank, world_size, port)
+    model = _shard(bert_classifier(), lambda m: list(m.bert.encoder.layer))
+    return {"norms": ghost_squared_norms(sharded_source(model, "ghost", True, "mean"), model)}
+
+
 def bert_layers(model: nn.Module) -> list[nn.Module]:
     return list(model.base_model.model.bert.encoder.layer)
 

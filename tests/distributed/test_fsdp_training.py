@@ -138,6 +138,22 @@ def test_padding_passes_leave_adaptive_clippings_unclipped_count_as_on_one_proce
         assert result[scenario]["bound"] == pytest.approx(single["bound"], rel=1e-12)
 
 
+def test_the_ghost_norms_of_a_sharded_bert_count_its_block_final_layer_norms(tmp_path):
+    """Each BertLayer's output is its last LayerNorm's output: that LayerNorm's hook must run after
+    FSDP has gathered the layer (it ran before and counted 0 for those parameters, so every
+    example's norm, and the clipping bound with it, was too small)."""
+    from dptrain.grad_sample.ghost import GhostClippingModule
+
+    model = workers.bert_classifier()
+    expected = workers.ghost_squared_norms(GhostClippingModule(model), model)
+    ranks = ddp_workers.run_ranks(workers.bert_norms_worker, tmp_path, timeout_s=120)
+    for rank in ranks:
+        assert "crash" not in rank, rank.get("crash")
+        assert rank["norms"].keys() == expected.keys()
+        for name, norms in expected.items():
+            torch.testing.assert_close(rank["norms"][name], norms, rtol=1e-10, atol=0, msg=name)
+
+
 def test_with_one_rank_an_empty_batch_runs_no_padding_pass(tmp_path):
     (result,) = ddp_workers.run_ranks(workers.one_rank_worker, tmp_path, world_size=1,
                                       timeout_s=120)
