@@ -93,35 +93,69 @@ def bert_lora_problem() -> tuple[nn.Module, TensorDataset, Callable[[nn.Module, 
     return model, _token_data(labels), loss
 
 
-def bert_classifier() -> nn.Module:
-    """A tiny float64 BERT classifier, every weight trainable, no dropout: each BertLayer ends in
-    a LayerNorm whose output is the layer's output."""
+CLASSIFIERS = ("bert", "roberta", "gpt2", "llama")  # post-LN (units end in a LayerNorm), pre-LN
+
+
+def tiny_classifier(kind: str) -> nn.Module:
+    """A tiny float64 2-class sequence classifier of `kind` (one of CLASSIFIERS), every weight
+    trainable, no dropout, pad token 0. BERT's and RoBERTa's layers end in a LayerNorm whose
+    output is the layer's output; GPT-2's and Llama's in a residual sum."""
     import transformers as t
 
     torch.manual_seed(SEED)
-    return t.BertForSequenceClassification(t.BertConfig(
-        vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=2 * WIDTH, max_position_embeddings=SEQ, num_labels=2,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).double()
+    common = dict(vocab_size=VOCAB, num_labels=2, pad_token_id=0)
+    if kind == "gpt2":
+        config = t.GPT2Config(n_embd=WIDTH, n_layer=2, n_head=2, n_positions=SEQ, resid_pdrop=0.0,
+                              embd_pdrop=0.0, attn_pdrop=0.0, **common)
+        return t.GPT2ForSequenceClassification(config).double()
+    if kind == "llama":
+        config = t.LlamaConfig(hidden_size=WIDTH, intermediate_size=2 * WIDTH, num_hidden_layers=2,
+                               num_attention_heads=2, num_key_value_heads=2,
+                               max_position_embeddings=SEQ, **common)
+        return t.LlamaForSequenceClassification(config).double()
+    bert = dict(hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=2,
+                intermediate_size=2 * WIDTH, hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0, **common)
+    if kind == "roberta":  # positions start after the pad id
+        return t.RobertaForSequenceClassification(
+            t.RobertaConfig(max_position_embeddings=SEQ + 2, **bert)).double()
+    return t.BertForSequenceClassification(t.BertConfig(max_position_embeddings=SEQ, **bert)).double()
 
 
-def ghost_squared_norms(source: nn.Module, model: nn.Module) -> dict[str, torch.Tensor]:
-    """{parameter name: Tensor[4]}: the ghost squared per-example norms `source` (wrapping
-    `model`) gives for one backward of a fixed batch of 4 token sequences."""
+def classifier_blocks(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of a `tiny_classifier` (its FSDP units)."""
+    base = getattr(model, model.base_model_prefix)
+    return list(base.h if hasattr(base, "h") else base.layers if hasattr(base, "layers")
+                else base.encoder.layer)
+
+
+def squared_norms_of_one_batch(source: nn.Module, model: nn.Module) -> dict[str, torch.Tensor]:
+    """{parameter name: Tensor[4]}: the squared per-example norms `source` (hooks or ghost,
+    wrapping `model`) gives after one backward of a fixed batch of 4 token sequences (no pad)."""
     g = torch.Generator().manual_seed(SEED)
-    ids, y = torch.randint(0, VOCAB, (4, SEQ), generator=g), torch.tensor([0, 1, 1, 0])
+    ids, y = torch.randint(1, VOCAB, (4, SEQ), generator=g), torch.tensor([0, 1, 1, 0])
     nn.functional.cross_entropy(source(input_ids=ids).logits, y).backward()
     names = {id(p): n for n, p in model.named_parameters()}
     return {names[id(p)]: v.detach().clone() for p, v in source.squared_norms().items()}
 
 
-def bert_norms_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
-    """`ghost_squared_norms` of `bert_classifier()` sharded one unit per BertLayer, then the root."""
+def classifier_norms_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
+    """`squared_norms_of_one_batch` of each `tiny_classifier` sharded one unit per block, then the
+    root, in hooks and in ghost mode: {"kind/mode": norms, or the error it raised (every rank
+    raises alike, so the next case still runs in step)}."""
     from dptrain.distributed.fsdp import sharded_source
 
     init_gloo(rank, world_size, port)
-    model = _shard(bert_classifier(), lambda m: list(m.bert.encoder.layer))
-    return {"norms": ghost_squared_norms(sharded_source(model, "ghost", True, "mean"), model)}
+    norms: dict[str, Any] = {}
+    for kind in CLASSIFIERS:
+        for mode in ("hooks", "ghost"):
+            model = _shard(tiny_classifier(kind), classifier_blocks)
+            try:
+                norms[f"{kind}/{mode}"] = squared_norms_of_one_batch(
+                    sharded_source(model, mode, True, "mean"), model)
+            except Exception as error:  # noqa: BLE001 - reported by the test of that case
+                norms[f"{kind}/{mode}"] = f"{type(error).__name__}: {error}"
+    return {"norms": norms}
 
 
 def bert_layers(model: nn.Module) -> list[nn.Module]:

@@ -138,20 +138,35 @@ def test_padding_passes_leave_adaptive_clippings_unclipped_count_as_on_one_proce
         assert result[scenario]["bound"] == pytest.approx(single["bound"], rel=1e-12)
 
 
-def test_the_ghost_norms_of_a_sharded_bert_count_its_block_final_layer_norms(tmp_path):
-    """Each BertLayer's output is its last LayerNorm's output: that LayerNorm's hook must run after
-    FSDP has gathered the layer (it ran before and counted 0 for those parameters, so every
-    example's norm, and the clipping bound with it, was too small)."""
-    from dptrain.grad_sample.ghost import GhostClippingModule
-
-    model = workers.bert_classifier()
-    expected = workers.ghost_squared_norms(GhostClippingModule(model), model)
-    ranks = ddp_workers.run_ranks(workers.bert_norms_worker, tmp_path, timeout_s=120)
+@pytest.fixture(scope="module")
+def classifier_norms(tmp_path_factory) -> list[dict]:
+    ranks = ddp_workers.run_ranks(workers.classifier_norms_worker,
+                                  tmp_path_factory.mktemp("norms"), timeout_s=240)
     for rank in ranks:
         assert "crash" not in rank, rank.get("crash")
-        assert rank["norms"].keys() == expected.keys()
-        for name, norms in expected.items():
-            torch.testing.assert_close(rank["norms"][name], norms, rtol=1e-10, atol=0, msg=name)
+    return ranks
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+@pytest.mark.parametrize("kind", workers.CLASSIFIERS)
+def test_every_parameters_per_example_norm_of_a_sharded_transformer_is_the_single_process_one(
+        classifier_norms, kind, mode):
+    """The clipping bound rests on these norms. BERT's and RoBERTa's layers end in a LayerNorm
+    whose output is the FSDP unit's output: its hooks must run after FSDP has gathered the unit
+    (they ran before: hooks mode refused the model, ghost mode counted 0 for those parameters,
+    so every example's norm was too small and its clipped gradient could exceed C)."""
+    from dptrain.grad_sample.ghost import GhostClippingModule
+    from dptrain.grad_sample.module import GradSampleModule
+
+    model = workers.tiny_classifier(kind)
+    wrapper = GradSampleModule if mode == "hooks" else GhostClippingModule
+    expected = workers.squared_norms_of_one_batch(wrapper(model), model)
+    for rank in classifier_norms:
+        norms = rank["norms"][f"{kind}/{mode}"]
+        assert isinstance(norms, dict), norms  # else the error the sharded run raised
+        assert norms.keys() == expected.keys()
+        for name, value in expected.items():
+            torch.testing.assert_close(norms[name], value, rtol=1e-9, atol=1e-15, msg=name)
 
 
 def test_with_one_rank_an_empty_batch_runs_no_padding_pass(tmp_path):
