@@ -401,7 +401,13 @@ def pooling_of(pooling: str, name_or_path: str, task: str, download: bool = Fals
     if pooling not in (*POOLING_MODES, "auto", "model"):
         raise ConfigError(f"model.pooling={pooling!r} is not a pooling: use auto, model or one "
                           f"of {', '.join(POOLING_MODES)}.")
-    if task != "sequence_classification" or pooling == "model":
+    if task != "sequence_classification":
+        if pooling in POOLING_MODES:
+            raise ConfigError(f"model.pooling={pooling} pools the texts for a classifier, but "
+                              f"model.task={task}: a causal LM predicts every token and pools "
+                              f"nothing. Leave model.pooling at auto (or model).")
+        return None
+    if pooling == "model":
         return None
     if pooling == "auto":
         read = local_reader(name_or_path) if is_local(name_or_path) else \

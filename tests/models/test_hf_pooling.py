@@ -69,6 +69,12 @@ def test_an_unknown_pooling_is_refused_naming_the_key(sentence_folder: Path) -> 
         build_hf_model(str(sentence_folder), pooling="last")
 
 
+def test_a_pooling_mode_for_a_causal_lm_is_refused_naming_both_keys(sentence_folder: Path) -> None:
+    with pytest.raises(ConfigError, match="model.pooling=mean pools the texts for a classifier, "
+                                          "but model.task=causal_lm"):
+        build_hf_model(str(sentence_folder), task="causal_lm", pooling="mean")
+
+
 def test_a_folder_combining_pooling_modes_is_refused_naming_model_pooling(tmp_path: Path) -> None:
     folder = save_sentence_transformer(tmp_path / "st", {"pooling_mode_cls_token": True})
     with pytest.raises(ConfigError, match="Set model.pooling to one of"):
