@@ -451,9 +451,10 @@ class GradSampleModule(nn.Module):
         """Forward hook: record the call and hook its differentiable outputs.
 
         Returns the output given the batch dimension when the call's inputs are shared by the
-        batch (:mod:`~dptrain.grad_sample.broadcast`), else None (output unchanged).
+        batch (:mod:`~dptrain.grad_sample.broadcast`); with ``hooks_after_later_ones``, views of
+        the differentiable outputs; else None (output unchanged).
 
-        Runs with torch-function handling off (:func:`bookkeeping`): its reads of shapes and
+        The recording runs with torch-function handling off (:func:`bookkeeping`): its reads of shapes and
         flags and its detached copies are not model computation for the pass's provenance mode.
         """
         with bookkeeping():
