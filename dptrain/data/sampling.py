@@ -190,13 +190,20 @@ class ShuffleBatchSampler(PoissonBatchSampler):
         return self.handed_out % self.steps
 
     def state_dict(self) -> dict[str, Any]:
-        """As the Poisson sampler's, batches counted as handed out, with the current epoch's
-        shuffle when reproducible (a mid-epoch resume continues the same shuffle)."""
+        """As the Poisson sampler's, batches counted as handed out; when reproducible, with the
+        current epoch's shuffle (a mid-epoch resume continues it) and the shuffles of later
+        epochs a DataLoader already drew batches from (`ahead`: the generator state saved is past
+        them, so a resume must reuse them to draw what an uninterrupted run draws)."""
         state = super().state_dict()
         state["batches_drawn"] = self.handed_out
         epoch = self.handed_out // self.steps
         if self.reproducible and self.position and epoch in self._orders:
             state["order"] = list(self._orders[epoch])
+        if self.reproducible:
+            ahead = {str(e): list(o) for e, o in self._orders.items()
+                     if e > epoch or (e == epoch and not self.position)}
+            if ahead:
+                state["ahead"] = ahead
         return state
 
     def saved_position(self, state: Mapping[str, Any]) -> int:
@@ -223,6 +230,8 @@ class ShuffleBatchSampler(PoissonBatchSampler):
         self.pending_rates.clear()
         epoch = self.batches_drawn // self.steps
         self._orders = {epoch: list(order)} if position else {}
+        if self.reproducible:
+            self._orders.update({int(e): list(o) for e, o in state.get("ahead", {}).items()})
 
 
 def _empty_like(batch: Any) -> Any:

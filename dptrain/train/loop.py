@@ -280,9 +280,15 @@ class Trainer:
         are set back to their epoch-start states and the `steps_in_epoch` batches already trained
         on are drawn again and discarded; then every random state is restored as it was at the
         checkpoint, so the rest of the epoch sees exactly the batches of an uninterrupted run.
+        A shuffled loader's sampler was restored at its place in the epoch's shuffle (its batches
+        are not drawn again: a batch handed out and not stepped on is refused); the loop takes
+        the epoch's remaining steps from a new iterator.
         """
         forward = self.resumer.fast_forward
         self.resumer.fast_forward = None
+        plan = self.job.privacy.plan
+        if forward is not None and plan is not None and plan.selection.shuffled:
+            forward = None
         if forward is not None:
             self.checkpointer.restore_generators(forward["epoch_start_generators"], "resume")
         with torch.random.fork_rng(devices=[]):

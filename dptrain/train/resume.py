@@ -75,6 +75,7 @@ class Resumer:
             state = ckpt.load_checkpoint(path)
             ckpt.check_same_config(state, self.job.config, path)
             self._refuse_secure_rewind(state, previous, path)
+            self._refuse_new_shuffle_mid_epoch(state, path)
             self._restore(state, path)
         if previous is None and state is None:
             self._found_nothing = self.settings.resume == "auto"
@@ -151,10 +152,7 @@ class Resumer:
                 "Nothing was changed.")
 
     def _refuse_other_plan(self, previous: dict[str, Any]) -> None:
-        """ConfigError when the ledger's plan (schema version 2) is not this job's, or when the
-        run shuffles its batches: its accounting charges each example once per epoch of one
-        shuffle, which a resumed process drawing a new shuffle (or retaking charged steps)
-        would break."""
+        """ConfigError when the ledger's plan (schema version 2) is not this job's."""
         plan = self.job.privacy.plan
         if plan is None or previous.get("plan") is None:
             return  # non-private, or a version-1 ledger (its config was compared)
@@ -164,13 +162,25 @@ class Resumer:
                 f"The run folder {str(self.run_dir)!r} holds the privacy ledger of a run with "
                 f"another privacy plan ({'; '.join(differences[:5])}). Continue it with the same "
                 "privacy settings, or use a new folder (hydra.run.dir). Nothing was changed.")
-        if plan.selection.shuffled:
-            raise ConfigError(
-                f"The run in {str(self.run_dir)!r} shuffles its batches (privacy.sampling="
-                "shuffle): its epsilon charges each example once per epoch of one shuffle, and a "
-                "resumed process would draw a new shuffle mid-epoch or retake charged steps, "
-                "which that accounting does not cover. Start a new run in a new folder, or use "
-                "privacy.sampling=poisson for runs that must resume. Nothing was changed.")
+
+    def _refuse_new_shuffle_mid_epoch(self, state: dict[str, Any], path: Path) -> None:
+        """ConfigError when a shuffled run would resume inside an epoch whose shuffle the
+        checkpoint does not hold (noise and sampling from OS entropy or secure mode never save
+        it): the rest of the epoch would come from a new shuffle, and an example already trained
+        on in this epoch could be drawn again, charged once."""
+        plan = self.job.privacy.plan
+        if (plan is None or not plan.selection.shuffled or not int(state.get("steps_in_epoch", 0))
+                or self._reproducible_mechanism()):
+            return
+        raise ConfigError(
+            f"Cannot resume from {str(path)!r} ({setting_name('train.resume')}): it was written "
+            f"{state['steps_in_epoch']} steps into an epoch of a shuffled run "
+            "(privacy.sampling=shuffle), and the epoch's shuffle is saved only with a "
+            "reproducible mechanism: the rest of the epoch would come from a new shuffle that "
+            "could repeat an example already trained on, charged once. Resume from a checkpoint "
+            "written at an epoch's end (train.resume=run/checkpoints/epoch_N.pt), or start runs "
+            "that must resume mid-epoch with privacy.reproducible_mechanism=true. Nothing was "
+            "changed.")
 
     def _refuse_without_ledger(self) -> None:
         """ConfigError when a resume is asked in a folder that holds an earlier run's files
@@ -279,17 +289,18 @@ class Resumer:
         resumed run's and the plan's charge depends on each step's position (cyclic Poisson
         groups, correlated noise): the resumed steps would sit behind them in the history, out
         of line with the groups and noise rows they really used, and the accounting would not
-        hold. A clean stop (preemption, completion) or an exact replay leaves no such steps."""
+        hold; shuffled batches likewise (each epoch of steps is charged once). A clean stop
+        (preemption, completion) or an exact replay leaves no such steps."""
         plan = self.job.privacy.plan
-        if not lost or plan is None or plan.accounting.plain:
+        if not lost or plan is None or (plan.accounting.plain and not plan.selection.shuffled):
             return
         raise ConfigError(
             f"Cannot resume the run in {str(self.run_dir)!r}: the earlier process committed "
             f"{history_steps(lost)} step(s) beyond the checkpoint that a resumed process would "
             "not replay exactly, and with "
             f"privacy.sampling={plan.selection.kind} (or correlated noise) each step is charged by "
-            "its position (its sampling group, its rows of the noise), which steps charged twice "
-            "would shift. Resume from a checkpoint at the last committed step (runs stopped by "
+            "its position (its sampling group or shuffled epoch, its rows of the noise), which "
+            "steps charged twice would shift. Resume from a checkpoint at the last committed step (runs stopped by "
             "preemption write one), replay exactly (privacy.reproducible_mechanism=true on the "
             "CPU), or start a new run in a new folder. Nothing was changed.")
 

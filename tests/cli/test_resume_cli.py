@@ -46,15 +46,47 @@ def test_dptrain_refuses_to_resume_with_another_config(
     assert (tmp_path / "run" / "privacy_ledger.json").read_bytes() == before
 
 
-def test_a_shuffled_run_is_not_resumed_its_accounting_needs_one_shuffle_per_epoch(
+SHUFFLE = ["privacy.sampling=shuffle"]
+
+
+def test_a_reproducible_shuffled_run_resumed_mid_epoch_ends_where_an_uninterrupted_run_ends(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    _dptrain(["hydra.run.dir=run", "train.max_steps=3", "privacy.sampling=shuffle"], tmp_path,
-             monkeypatch, capsys)
+    """The checkpoint holds the epoch's shuffle: the resumed steps draw its remaining batches,
+    so the history (each epoch charged once) and the weights are the uninterrupted run's."""
+    _dptrain(["hydra.run.dir=straight", *SHUFFLE], tmp_path, monkeypatch, capsys)
+    _dptrain(["hydra.run.dir=stopped", "train.max_steps=5", *SHUFFLE], tmp_path, monkeypatch, capsys)
+    _dptrain(["hydra.run.dir=stopped", "train.resume=auto", *SHUFFLE], tmp_path, monkeypatch, capsys)
+    straight, resumed = load_ledger(tmp_path / "straight"), load_ledger(tmp_path / "stopped")
+    assert resumed["status"] == "completed" and resumed["history"] == straight["history"]
+    assert resumed["epsilon"] == straight["epsilon"]
+    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "stopped" / "checkpoints" / "last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_shuffled_run_from_os_entropy_is_not_resumed_mid_epoch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Its shuffle is never saved: the rest of the epoch would come from a new one."""
+    fresh = [*SHUFFLE, "privacy.reproducible_mechanism=false"]
+    _dptrain(["hydra.run.dir=run", "train.max_steps=3", *fresh], tmp_path, monkeypatch, capsys)
     before = (tmp_path / "run" / "privacy_ledger.json").read_bytes()
-    code, _, err = run_in_process([*RUN, "hydra.run.dir=run", "train.resume=auto",
-                                   "privacy.sampling=shuffle"], tmp_path, monkeypatch, capsys)
-    assert code != 0 and "privacy.sampling=shuffle" in err
+    code, _, err = run_in_process([*RUN, "hydra.run.dir=run", "train.resume=auto", *fresh],
+                                  tmp_path, monkeypatch, capsys)
+    assert code != 0 and "privacy.reproducible_mechanism=true" in err and "epoch_N.pt" in err
     assert (tmp_path / "run" / "privacy_ledger.json").read_bytes() == before
+
+
+def test_a_shuffled_run_from_os_entropy_resumes_at_an_epochs_end_charging_each_epoch_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    fresh = [*SHUFFLE, "privacy.reproducible_mechanism=false"]
+    _dptrain(["hydra.run.dir=run", "train.max_steps=12", *fresh], tmp_path, monkeypatch, capsys)
+    assert load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")["steps_in_epoch"] == 0
+    _dptrain(["hydra.run.dir=run", "train.resume=auto", *fresh], tmp_path, monkeypatch, capsys)
+    resumed = load_ledger(tmp_path / "run")
+    history = history_from_json(resumed["history"])
+    assert resumed["status"] == "completed" and sum(n for *_, n in history) == 24
+    assert resumed["epsilon"] == pytest.approx(
+        epsilon_of(history, resumed["delta"], resumed["accountant"], "shuffle"), rel=1e-12)
 
 
 def test_resuming_a_finished_run_from_an_older_checkpoint_with_fewer_steps_keeps_every_step_charged(

@@ -236,6 +236,24 @@ def test_a_shuffle_saved_mid_epoch_without_its_shuffle_is_refused_and_changes_no
     assert resumed.poisson_sampler.batches_drawn == 4
 
 
+def test_a_seeded_shuffle_saved_at_an_epoch_end_after_drawing_ahead_resumes_the_same_next_epoch():
+    """A prefetching loader drew the next epoch's shuffle before the state was saved (the
+    generator's saved state is past it): the resumed loader reuses it, so its batches are the
+    uninterrupted loader's (a resume that replays steps as exact must draw the same batches)."""
+    straight = _index_loader()
+    reference = [b.tolist() for (b,) in straight] + [b.tolist() for (b,) in straight]
+    loader = _index_loader(num_workers=1, prefetch_factor=2)   # 4 batches per epoch
+    first = iter(loader)
+    handed_out = [next(first)[0].tolist() for _ in range(2)]
+    second = iter(loader)                  # starts at batch 2: its pass runs into epoch 1
+    handed_out += [next(second)[0].tolist() for _ in range(2)]
+    assert loader.poisson_sampler.batches_drawn > 4     # it drew batches of epoch 1 ahead
+    state = loader.poisson_sampler.state_dict()
+    resumed = _index_loader()
+    resumed.poisson_sampler.load_state_dict(state)
+    assert handed_out + [b.tolist() for (b,) in resumed] == reference
+
+
 def test_a_seeded_shuffle_saved_mid_epoch_resumes_the_same_shuffle():
     saved = _index_loader()
     batches = [b.tolist() for _, (b,) in zip(range(2), saved)]
