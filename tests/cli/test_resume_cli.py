@@ -22,18 +22,27 @@ def _dptrain(args: list[str], cwd: Path, monkeypatch: pytest.MonkeyPatch,
     assert code == 0, err
 
 
-def test_dptrain_resume_auto_ends_where_an_uninterrupted_run_ends(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    _dptrain(["hydra.run.dir=straight"], tmp_path, monkeypatch, capsys)
-    _dptrain(["hydra.run.dir=stopped", "train.max_steps=12"], tmp_path, monkeypatch, capsys)
-    assert load_ledger(tmp_path / "stopped")["steps_completed"] == 12
-    _dptrain(["hydra.run.dir=stopped", "train.resume=auto"], tmp_path, monkeypatch, capsys)
+def _stopped_and_resumed_equals_straight(stop_at: int, extra: list[str], tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A run stopped after `stop_at` steps and resumed (`train.resume=auto`) ends with the
+    uninterrupted run's history, epsilon and weights."""
+    _dptrain(["hydra.run.dir=straight", *extra], tmp_path, monkeypatch, capsys)
+    _dptrain(["hydra.run.dir=stopped", f"train.max_steps={stop_at}", *extra], tmp_path,
+             monkeypatch, capsys)
+    assert load_ledger(tmp_path / "stopped")["steps_completed"] == stop_at
+    _dptrain(["hydra.run.dir=stopped", "train.resume=auto", *extra], tmp_path, monkeypatch, capsys)
     straight, resumed = load_ledger(tmp_path / "straight"), load_ledger(tmp_path / "stopped")
     assert resumed["status"] == "completed" and resumed["history"] == straight["history"]
     assert resumed["epsilon"] == straight["epsilon"]
     a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
     b = load_checkpoint(tmp_path / "stopped" / "checkpoints" / "last.pt")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_dptrain_resume_auto_ends_where_an_uninterrupted_run_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _stopped_and_resumed_equals_straight(12, [], tmp_path, monkeypatch, capsys)
 
 
 def test_dptrain_refuses_to_resume_with_another_config(
@@ -53,15 +62,7 @@ def test_a_reproducible_shuffled_run_resumed_mid_epoch_ends_where_an_uninterrupt
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The checkpoint holds the epoch's shuffle: the resumed steps draw its remaining batches,
     so the history (each epoch charged once) and the weights are the uninterrupted run's."""
-    _dptrain(["hydra.run.dir=straight", *SHUFFLE], tmp_path, monkeypatch, capsys)
-    _dptrain(["hydra.run.dir=stopped", "train.max_steps=5", *SHUFFLE], tmp_path, monkeypatch, capsys)
-    _dptrain(["hydra.run.dir=stopped", "train.resume=auto", *SHUFFLE], tmp_path, monkeypatch, capsys)
-    straight, resumed = load_ledger(tmp_path / "straight"), load_ledger(tmp_path / "stopped")
-    assert resumed["status"] == "completed" and resumed["history"] == straight["history"]
-    assert resumed["epsilon"] == straight["epsilon"]
-    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
-    b = load_checkpoint(tmp_path / "stopped" / "checkpoints" / "last.pt")["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    _stopped_and_resumed_equals_straight(5, SHUFFLE, tmp_path, monkeypatch, capsys)
 
 
 def test_a_shuffled_run_from_os_entropy_is_not_resumed_mid_epoch(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_trainer_support import Killed, crash_at_call, final_weights, make_job, make_settings
+from test_trainer_support import final_weights, make_job, make_settings, resume_after_a_crash_is_refused
 
 from dptrain.accounting import compute_epsilon
 from dptrain.accounting.events import AccountingEvent
@@ -80,15 +80,7 @@ def test_a_ledger_whose_recorded_sensitivity_was_edited_fails_verification(
 
 
 def test_a_resume_that_would_charge_steps_out_of_their_groups_is_refused(tmp_path: Path) -> None:
-    job = make_job(engine_kwargs=CYCLIC, reproducible_mechanism=False,
-                   loss_fn=crash_at_call(6))
-    with pytest.raises(Killed):
-        train(job, make_settings(tmp_path, epochs=3))
-    before = (tmp_path / "privacy_ledger.json").read_bytes()
-    with pytest.raises(ConfigError, match="sampling group"):
-        train(make_job(engine_kwargs=CYCLIC, reproducible_mechanism=False),
-              make_settings(tmp_path, epochs=3, resume="auto"))
-    assert (tmp_path / "privacy_ledger.json").read_bytes() == before
+    resume_after_a_crash_is_refused(tmp_path, CYCLIC, "sampling group")
 
 
 def test_a_cyclic_run_resumed_from_a_checkpoint_replays_its_groups_exactly(tmp_path: Path) -> None:

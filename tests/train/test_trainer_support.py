@@ -120,6 +120,25 @@ class Killed(BaseException):
     """The process dies mid-run (an error, not Ctrl-C): its ledger says "failed"."""
 
 
+def resume_after_a_crash_is_refused(tmp_path: Path, engine_kwargs: dict[str, Any],
+                                    match: str) -> None:
+    """A run of make_job(engine_kwargs) from OS entropy killed on its 6th training call leaves
+    committed steps a new process would not replay exactly; its resume must raise ConfigError
+    matching `match` and leave the ledger as it was."""
+    from dptrain.errors import ConfigError
+    from dptrain.train.loop import train
+
+    job = make_job(engine_kwargs=engine_kwargs, reproducible_mechanism=False,
+                   loss_fn=crash_at_call(6))
+    with pytest.raises(Killed):
+        train(job, make_settings(tmp_path, epochs=3))
+    before = (tmp_path / "privacy_ledger.json").read_bytes()
+    with pytest.raises(ConfigError, match=match):
+        train(make_job(engine_kwargs=engine_kwargs, reproducible_mechanism=False),
+              make_settings(tmp_path, epochs=3, resume="auto"))
+    assert (tmp_path / "privacy_ledger.json").read_bytes() == before
+
+
 def crash_at_call(n: int) -> Any:
     """A loss that raises Killed (a kill) on its n-th training call."""
     calls = {"n": 0}
