@@ -102,8 +102,8 @@ class PooledClassifier(nn.Module):
     def __init__(self, body: nn.Module, pooling: str, num_labels: int) -> None:
         super().__init__()
         if pooling not in POOLING_MODES:
-            raise ConfigError(f"model.pooling={pooling!r} is not a pooling: use one of "
-                              f"{', '.join(POOLING_MODES)}, model or auto.")
+            raise ConfigError(f"PooledClassifier(pooling={pooling!r}): not a pooling mode; use "
+                              f"one of {', '.join(POOLING_MODES)}.")
         if getattr(body, "pooler", None) is not None:
             body.pooler = None  # BERT's pooler over [CLS]: unused here, it would only get noise
         self.body, self.pooling = body, pooling

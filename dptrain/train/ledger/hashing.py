@@ -75,17 +75,21 @@ def _compared(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any],
     return a, b
 
 
+def _differing(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The keys of two `_compared` value maps whose values differ (or exist on one side), sorted."""
+    return sorted(k for k in set(a) | set(b) if a.get(k, "<missing>") != b.get(k, "<missing>"))
+
+
 def config_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """Dotted keys whose values differ between two configs (as `_compared` reads them), sorted."""
-    a, b = _compared(old, new)
-    return sorted(k for k in set(a) | set(b) if a.get(k, "<missing>") != b.get(k, "<missing>"))
+    return _differing(*_compared(old, new))
 
 
 def describe_differences(old: dict[str, Any], new: dict[str, Any], limit: int = 10) -> str:
     """The first `limit` differing keys with both values, for a refusal to resume, e.g.
     "model.pooling (recorded 'model', now 'auto')"; "(hash only)" when only the hash differs."""
     a, b = _compared(old, new)
-    keys = config_differences(old, new)
+    keys = _differing(a, b)
     shown = [f"{k} (recorded {a.get(k, '<missing>')!r}, now {b.get(k, '<missing>')!r})"
              for k in keys[:limit]]
     return ", ".join(shown) + (" ..." if len(keys) > limit else "") or "(hash only)"
