@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 from typing import IO, Any, BinaryIO, Union
 
 import torch
@@ -39,6 +40,32 @@ _GHOST_MODES = ("ghost", "ghost_fsdp")
 _ADAPTIVE = {"target_unclipped_quantile": "target_unclipped_quantile",
              "clipbound_learning_rate": "clipbound_learning_rate",
              "unclipped_num_std": "count_noise_std", "max_clipbound": None, "min_clipbound": None}
+
+
+def _load_trusted_or_weights(path: Union[str, os.PathLike, BinaryIO, IO[bytes]],
+                             torch_load_kwargs: dict | None) -> Any:
+    """``torch.load(path)`` with weights_only=True unless `torch_load_kwargs` opts out.
+
+    ConfigError naming the opt-in when the file holds an object weights_only refuses: a file
+    save_checkpoint wrote never does, so such a file came from elsewhere (Opacus's own
+    checkpoints with custom objects, or a crafted pickle whose loading would run its code)."""
+    kwargs = {"weights_only": True, **(torch_load_kwargs or {})}
+    try:
+        return torch.load(path, **kwargs)
+    except pickle.UnpicklingError as error:
+        if not kwargs["weights_only"]:
+            raise
+        raise ConfigError(
+            f"PrivacyEngine.load_checkpoint refused {_shown(path)}: it holds objects that only "
+            "full unpickling builds, and full unpickling runs whatever code the file names. "
+            "A checkpoint written by save_checkpoint loads without it. If you trust whoever "
+            "wrote this file, pass torch_load_kwargs={'weights_only': False}. torch's reason: "
+            f"{str(error).splitlines()[0]}") from error
+
+
+def _shown(path: Any) -> str:
+    """A path for a message (a file object: its name, when it has one)."""
+    return repr(str(getattr(path, "name", path)))
 
 
 class DPLossFastGradientClipping:
@@ -250,8 +277,15 @@ class PrivacyEngine(core.PrivacyEngine):
                         grad_clip_scheduler: Any = None,
                         module_load_dict_kwargs: dict | None = None,
                         torch_load_kwargs: dict | None = None) -> dict:
-        """Restore what save_checkpoint wrote; returns the rest of the checkpoint dict."""
-        checkpoint = torch.load(path, **{"weights_only": False, **(torch_load_kwargs or {})})
+        """Restore what save_checkpoint wrote; returns the rest of the checkpoint dict.
+
+        The file is read with ``torch.load(weights_only=True)`` (Opacus reads it with
+        ``weights_only=False``): loading runs none of the file's code, and everything
+        save_checkpoint writes (state dicts of tensors, numbers, strings, lists and tuples) loads
+        that way. ``torch_load_kwargs={"weights_only": False}`` unpickles in full, which runs
+        whatever code the file names: pass it only for a file you trust that holds other
+        objects (see `_load_trusted_or_weights`)."""
+        checkpoint = _load_trusted_or_weights(path, torch_load_kwargs)
         module.load_state_dict(checkpoint.pop("module_state_dict"),
                                **(module_load_dict_kwargs or {}))
         self.load_accountant_state(checkpoint.pop("privacy_accountant_state_dict"))
