@@ -13,6 +13,11 @@ poisson / cyclic    more bands than b      unamplified, add/remove, participatio
 shuffle             correlated             unamplified, substitution, one per epoch
 ==================  =====================  ===================================================
 
+The add/remove relation of cyclic Poisson sampling rests on how its groups are drawn: each
+example's group uniform and independent of the others' (dptrain.data.cyclic_sampling.partition),
+so that adding one example leaves every other example's group, and so the charge of its own
+participations, as it was. An equal split would support only zero-out or replace-one.
+
 The engine's accountant, the ledger's recomputation (`dptrain-ledger`) and the planner's
 calibration all get theirs from `dptrain.accounting.get_accountant(name, event)`, so the three
 never disagree. The event is built from a plan by `dptrain.privacy.plan.PrivacyPlan.accounting`.
@@ -110,7 +115,8 @@ class AccountingEvent:
 
     @property
     def relation(self) -> str:
-        """The neighbouring relation epsilon is stated for."""
+        """The neighbouring relation epsilon is stated for (cyclic Poisson: add/remove, its
+        groups being drawn independently per example; see the module docstring)."""
         return SUBSTITUTION if self.selection == "shuffle" else ADD_REMOVE
 
     def participation(self, history: History) -> Participation:

@@ -31,7 +31,8 @@ contributions equal) and when the columns of pi are orthogonal. Two schemas (`Pa
 Epsilon (three events; `dptrain.accounting.events.CorrelatedNoiseAccountant` picks one):
 
 * **Amplified (Choquette-Choo et al. 2023, "Amplified banded matrix factorization").** Cyclic
-  Poisson sampling with b groups (group t mod b Poisson-sampled at step t with rate q_group) and
+  Poisson sampling with b groups (each example's group drawn independently, whatever the sizes
+  that gives; group t mod b Poisson-sampled at step t with rate q_group) and
   a column with at most b bands: each example's participations are b steps apart and its columns
   orthogonal, and the mechanism is dominated by DP-SGD with sample rate q_group and noise
   multiplier sigma / ||c|| over ceil(T / b) rounds, under the add/remove relation as Poisson

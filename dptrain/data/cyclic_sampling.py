@@ -1,19 +1,31 @@
 """Cyclic Poisson sampling: the data split once into b groups, group t mod b Poisson-sampled at
 step t (Choquette-Choo et al. 2023, "Amplified banded matrix factorization").
 
-The N examples are partitioned once per run into b groups of N / b (give or take one) by a
-random permutation, example perm[j] joining group j mod b. At step t, each example of group
-t mod b joins the batch independently with probability q_group = b q, and no other example
-does. q keeps the meaning it has for Poisson sampling, each example's share of a batch per step
-on average (b q once every b steps), so an epoch is still ceil(1 / q) steps, the expected batch
-size is q_group |group| ~ q N and the noise is divided by the public q N as for Poisson batches.
-An example takes part at most once every b steps: what banded correlated noise of b bands needs
-for its amplified accounting (dptrain.accounting.matrix_factorization).
+Each of the N examples joins one of the b groups, uniformly at random and independently of every
+other example, once per run (`partition`). At step t, each example of group t mod b joins the
+batch independently with probability q_group = b q, and no other example does. q keeps the
+meaning it has for Poisson sampling, each example's share of a batch per step on average (b q
+once every b steps), so an epoch is still ceil(1 / q) steps, the expected batch size is q N
+(a group holds N / b examples on average, Binomial(N, 1 / b)) and the noise is divided by the
+public q N as for Poisson batches. An example takes part at most once every b steps: what banded
+correlated noise of b bands needs for its amplified accounting
+(dptrain.accounting.matrix_factorization).
+
+Why independent groups, not an equal split: the accounting is stated for add/remove (datasets
+differing by one example). With groups drawn independently, adding an example draws its own
+group and leaves every other example's as it was (the same coins give the same groups:
+example i's group is the i-th draw), so neighbouring datasets give runs that differ by that one
+example's participations alone, and the charge of one example sampled at rate b q at its group's
+steps holds whatever group it drew. An equal split (a permutation, then index mod b, as dptrain
+drew before) re-partitions the others when an example is added (N = 1442, b = 2: 721/721
+becomes 722/720), so it supports only zero-out or replace-one; a checkpoint written then keeps
+its equal split when resumed (`EQUAL_SPLIT`), with a warning.
 
 The partition is NOT secret: the accounting holds for a known partition (it charges the group
 whose turn it is as a Poisson-sampled batch), so its seed (`partition_seed`, 62 bits drawn from
-the sampling generator, or the OS CSPRNG in secure mode) is always in `state_dict`, and a resumed
-run keeps its groups; the coins of each step are as secret as Poisson sampling's.
+the sampling generator, or the OS CSPRNG in secure mode) is always in `state_dict`, with the
+SHA-256 of the groups it gives, and a resumed run keeps its groups exactly (or is refused); the
+coins of each step are as secret as Poisson sampling's.
 
 The step index t is the number of batches this sampler handed to the training loop: batches
 drawn ahead by a DataLoader and abandoned (a loop that breaks out of an epoch) are forgotten and
@@ -22,6 +34,8 @@ their step indices drawn again, so that step t of the run is always group t mod 
 
 from __future__ import annotations
 
+import hashlib
+import warnings
 from typing import Any
 
 import torch
@@ -35,24 +49,50 @@ from dptrain.data.sampling import (
 )
 from dptrain.distributed.consistency import check_same_on_every_rank
 from dptrain.distributed.runtime import broadcast_object, get_rank, get_world_size, sync_generator
-from dptrain.errors import ConfigError
+from dptrain.errors import ConfigError, PrivacyError
 from dptrain.randomness import make_generator, secure_seed, uniform
 
 
+#: How a run's groups were drawn (`CyclicPoissonBatchSampler.partition_kind`): INDEPENDENT,
+#: each example's group uniform and independent of the others' (add/remove holds); EQUAL_SPLIT,
+#: the equal split of checkpoints written before, kept for the run that started with it.
+INDEPENDENT, EQUAL_SPLIT = "independent", "equal_split"
+
+
 def partition(num_samples: int, groups: int, seed: int) -> torch.Tensor:
-    """The group of each example, LongTensor [num_samples] with values in [0, groups): a
-    random permutation perm (from `seed`) and group[perm[j]] = j mod groups, so the sizes differ
-    by at most one."""
+    """The group of each example, LongTensor [num_samples] with values in [0, groups): each
+    uniform and independent of the others (group sizes Binomial(num_samples, 1 / groups)).
+
+    Example i's group is the i-th draw of one generator seeded with `seed` (torch's CPU kernel
+    draws the values in order), so the groups of num_samples + 1 examples begin with those of
+    num_samples: adding an example never moves another."""
+    return torch.randint(0, groups, (num_samples,), generator=make_generator(seed),
+                         dtype=torch.long)
+
+
+def equal_split(num_samples: int, groups: int, seed: int) -> torch.Tensor:
+    """The partition of checkpoints written before groups were drawn independently (only to
+    resume such a run as it began), LongTensor [num_samples]: a random permutation perm (from
+    `seed`) and group[perm[j]] = j mod groups, sizes differing by at most one. Valid under
+    zero-out or replace-one only: adding an example re-partitions the others."""
     order = torch.randperm(num_samples, generator=make_generator(seed))
     group = torch.empty(num_samples, dtype=torch.long)
     group[order] = torch.arange(num_samples, dtype=torch.long) % groups
     return group
 
 
+_PARTITIONS = {INDEPENDENT: partition, EQUAL_SPLIT: equal_split}
+
+
+def partition_digest(group: torch.Tensor) -> str:
+    """SHA-256 (hex) of a partition's groups, LongTensor [N]: what a resume checks it rebuilt."""
+    return hashlib.sha256(group.to(torch.int64).contiguous().numpy().tobytes()).hexdigest()
+
+
 def check_groups(groups: Any, sample_rate: float, num_samples: int | None = None) -> int:
     """The number of groups; ConfigError naming privacy.sampling_groups unless it is an integer
     >= 1 with groups * q <= 1 (each group sampled at rate groups * q) and, when N is given,
-    groups <= N (every group holds an example)."""
+    groups <= N (every group can expect an example; a group drawn empty gives empty batches)."""
     if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
         raise ConfigError(f"privacy.sampling_groups={groups!r} must be an integer >= 1 (the "
                           "number of groups of cyclic Poisson sampling).")
@@ -89,6 +129,8 @@ class CyclicPoissonBatchSampler(PoissonBatchSampler):
         self.groups = check_groups(groups, self.sample_rate, self.num_samples)
         self.group_rate = min(1.0, self.groups * self.sample_rate)
         self.partition_seed = partition_seed
+        #: INDEPENDENT, or EQUAL_SPLIT when restored from a checkpoint that drew one
+        self.partition_kind = INDEPENDENT
         self._group: torch.Tensor | None = None
 
     # -- the partition ---------------------------------------------------------------------
@@ -105,7 +147,8 @@ class CyclicPoissonBatchSampler(PoissonBatchSampler):
         if self.partition_seed is None:
             self.partition_seed = self.new_partition_seed()
         if self._group is None:
-            self._group = partition(self.num_samples, self.groups, self.partition_seed)
+            draw = _PARTITIONS[self.partition_kind]
+            self._group = draw(self.num_samples, self.groups, self.partition_seed)
         return self._group
 
     def group_at(self, step: int) -> int:
@@ -133,24 +176,55 @@ class CyclicPoissonBatchSampler(PoissonBatchSampler):
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """As `PoissonBatchSampler.state_dict` (steps counted as handed out), with the
-        partition's seed (always: the partition is not secret, and must survive a resume)."""
+        partition (always: it is not secret, and must survive a resume): its kind, its seed and
+        the SHA-256 of the groups they give (None before the first batch drew them)."""
         state = super().state_dict()
         state["batches_drawn"] = self.batches_drawn - len(self.pending_rates)
         state["groups"] = self.groups
+        state["partition"] = self.partition_kind
         state["partition_seed"] = self.partition_seed
+        state["partition_sha256"] = (None if self.partition_seed is None
+                                     else partition_digest(self.group_of))
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore `state_dict()`'s output: the same partition and the step count."""
+        """Restore `state_dict()`'s output: the same groups (ConfigError for another number of
+        groups, PrivacyError when the seed rebuilds other groups than the saved ones) and the
+        step count. A state without `partition` was written when groups were an equal split:
+        the run keeps it (an example changing group mid-run could take part twice in b steps),
+        with a warning that its guarantee is zero-out, not add/remove."""
         if int(state.get("groups", self.groups)) != self.groups:
             raise ConfigError(f"the checkpoint's sampler split the data into {state['groups']} "
                               f"groups, this run into {self.groups}: resume with "
                               f"privacy.sampling_groups={state['groups']}.")
+        if state.get("partition_seed") is not None:
+            self._restore_partition(int(state["partition_seed"]),
+                                    state.get("partition", EQUAL_SPLIT),
+                                    state.get("partition_sha256"))
         super().load_state_dict(state)
         self.pending_rates.clear()
-        if state.get("partition_seed") is not None:
-            self.partition_seed = int(state["partition_seed"])
-            self._group = None
+
+    def _restore_partition(self, seed: int, kind: str, digest: str | None) -> None:
+        """Rebuild the saved partition (`kind` drawn from `seed`); PrivacyError, nothing
+        changed, when its SHA-256 is not `digest` (another torch draws other groups)."""
+        if kind not in _PARTITIONS:
+            raise PrivacyError(f"the checkpoint's cyclic Poisson groups were drawn as {kind!r}, "
+                               f"which this dptrain does not know ({sorted(_PARTITIONS)}).")
+        group = _PARTITIONS[kind](self.num_samples, self.groups, seed)
+        if digest is not None and partition_digest(group) != digest:
+            raise PrivacyError(
+                "the checkpoint's cyclic Poisson groups cannot be rebuilt: its partition seed "
+                "gives other groups here (another version of torch?), and examples changing "
+                "group mid-run could take part twice within privacy.sampling_groups steps. "
+                "Resume with the torch version that wrote the checkpoint, or start a new run.")
+        if kind == EQUAL_SPLIT:
+            warnings.warn(
+                "this checkpoint's cyclic Poisson groups are an equal split (written before "
+                "dptrain drew each example's group independently); the resumed run keeps them, "
+                "and its epsilon holds for zero-out neighbours (one example's contribution "
+                "replaced by nothing, the dataset size kept), not add/remove. Start a new run for "
+                "an add/remove guarantee.", UserWarning, stacklevel=3)
+        self.partition_seed, self.partition_kind, self._group = seed, kind, group
 
 
 class DistributedCyclicPoissonBatchSampler(CyclicPoissonBatchSampler):

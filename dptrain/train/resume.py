@@ -32,6 +32,7 @@ from dptrain.train.lr_schedule import restore_lr_scheduler
 from dptrain.train.ledger import (
     LEDGER_FILENAME,
     PrivacyLedger,
+    carry_partition,
     carry_randomness,
     describe_differences,
     load_ledger,
@@ -269,6 +270,7 @@ class Resumer:
         data["dataset"]["fingerprints"] = list(dict.fromkeys(
             [*recorded, self.checkpointer.data_fingerprint]))
         carry_randomness(previous.get("mechanism"), data["mechanism"])
+        carry_partition(previous.get("mechanism"), data["mechanism"])
         if not spend.private:
             return max(0, previous["steps_completed"] - self.pos.step), 0
         self._data_difference = data_difference(recorded, self.checkpointer.data_fingerprint)

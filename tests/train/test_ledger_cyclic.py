@@ -22,7 +22,16 @@ from dptrain.accounting.matrix_factorization import (
 )
 from dptrain.errors import ConfigError
 from dptrain.privacy.noise import Banded, Blt
-from dptrain.train.ledger import history_from_json, load_ledger, verify_ledger
+from dptrain.train.ledger import (
+    CYCLIC_PARTITION_NOTE,
+    EQUAL_SPLIT_PARTITION_NOTE,
+    PRIVACY_UNIT,
+    ZERO_OUT_PRIVACY_UNIT,
+    carry_partition,
+    history_from_json,
+    load_ledger,
+    verify_ledger,
+)
 from dptrain.train.loop import train
 
 CYCLIC = {"sampling": "cyclic_poisson", "sampling_groups": 3}
@@ -51,6 +60,32 @@ def test_the_ledger_records_the_groups_and_the_amplified_charge(run_dir: Path) -
         "selection": "cyclic_poisson", "groups": 3, "relation": "add/remove", "amplified": True,
         "sensitivity": 1.0,
         "participation": {"kind": "cyclic_poisson", "groups": 3, "rounds": -(-steps // 3)}}
+
+
+def test_the_ledger_states_add_remove_and_that_each_examples_group_was_drawn_independently(
+        run_dir: Path) -> None:
+    mechanism = load_ledger(run_dir)["mechanism"]
+    assert mechanism["privacy_unit"] == PRIVACY_UNIT and "add/remove" in PRIVACY_UNIT
+    assert mechanism["sampling_partition"] == CYCLIC_PARTITION_NOTE
+
+
+@pytest.mark.parametrize("previous_partition", [None, EQUAL_SPLIT_PARTITION_NOTE])
+def test_resuming_a_run_begun_with_equal_groups_keeps_saying_zero_out_not_add_remove(
+        run_dir: Path, previous_partition: str | None) -> None:
+    # a ledger written before groups were drawn independently records no sampling_partition;
+    # its checkpoints keep the equal split (tests/data/test_cyclic_sampling.py)
+    previous = dict(load_ledger(run_dir)["mechanism"])
+    del previous["sampling_partition"]
+    if previous_partition is not None:                     # resumed once already
+        previous.update(sampling_partition=previous_partition,
+                        privacy_unit=ZERO_OUT_PRIVACY_UNIT)
+    mechanism = dict(load_ledger(run_dir)["mechanism"])
+    carry_partition(previous, mechanism)
+    assert mechanism["sampling_partition"] == EQUAL_SPLIT_PARTITION_NOTE
+    assert mechanism["privacy_unit"] == ZERO_OUT_PRIVACY_UNIT
+    current = dict(load_ledger(run_dir)["mechanism"])
+    carry_partition(load_ledger(run_dir)["mechanism"], current)   # a run begun independent
+    assert current == load_ledger(run_dir)["mechanism"]
 
 
 def test_the_verifier_recomputes_the_epsilon_of_the_groups_rounds(run_dir: Path) -> None:

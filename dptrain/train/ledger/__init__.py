@@ -29,7 +29,9 @@ from dptrain.accounting.history import (  # noqa: F401  (the ledger's history AP
 from dptrain.checks import default_delta  # noqa: F401  (re-exported: where it was)
 from dptrain.train.ledger.schema import (  # noqa: F401
     APPROXIMATE_ACCOUNTANTS,
+    CYCLIC_PARTITION_NOTE,
     EARLIER_REPRODUCIBLE_NOTE,
+    EQUAL_SPLIT_PARTITION_NOTE,
     LEDGER_FILENAME,
     LEDGER_SCHEMA,
     NON_PRIVATE_NOTE,
@@ -40,6 +42,7 @@ from dptrain.train.ledger.schema import (  # noqa: F401
     SCHEMA_VERSION,
     SHUFFLE_PRIVACY_UNIT,
     STATUSES,
+    ZERO_OUT_PRIVACY_UNIT,
     schema_errors,
 )
 from dptrain.train.ledger.hashing import (  # noqa: F401
@@ -66,6 +69,7 @@ from dptrain.train.ledger.verification import (  # noqa: F401
 from dptrain.train.ledger.record import (  # noqa: F401
     PrivacyLedger,
     best_checkpoint_selection,
+    carry_partition,
     carry_randomness,
     layer_strategies,
     mechanism,

@@ -27,7 +27,9 @@ from dptrain.train.job import TrainingJob
 from dptrain.train.ledger.hashing import config_hash
 from dptrain.train.ledger.schema import (
     APPROXIMATE_ACCOUNTANTS,
+    CYCLIC_PARTITION_NOTE,
     EARLIER_REPRODUCIBLE_NOTE,
+    EQUAL_SPLIT_PARTITION_NOTE,
     LEDGER_FILENAME,
     NON_PRIVATE_NOTE,
     PRIVACY_UNIT,
@@ -35,6 +37,7 @@ from dptrain.train.ledger.schema import (
     SCHEMA_VERSION,
     SHUFFLE_PRIVACY_UNIT,
     STATUSES,
+    ZERO_OUT_PRIVACY_UNIT,
 )
 from dptrain.train.ledger.verification import (
     _as_float,
@@ -346,6 +349,8 @@ def mechanism(job: TrainingJob) -> dict[str, Any]:
         "grad_sample_mode": job.privacy.performance.grad_sample_mode,
         "noise_schedule": dict(plan.noise.schedule or {}),
     }
+    if plan.selection.kind == "cyclic_poisson":  # why add/remove holds for its groups
+        described["sampling_partition"] = CYCLIC_PARTITION_NOTE
     if privacy_unit_of(job.engine) == "user":
         described.update(user_level_mechanism(job.engine))
     if described["randomness"] == "reproducible":
@@ -376,6 +381,20 @@ def carry_randomness(previous: dict[str, Any] | None, mechanism: dict[str, Any] 
         return
     mechanism["randomness"] = "reproducible"
     mechanism["randomness_note"] = EARLIER_REPRODUCIBLE_NOTE
+
+
+def carry_partition(previous: dict[str, Any] | None, mechanism: dict[str, Any] | None) -> None:
+    """On resume: a cyclic Poisson run whose earlier process recorded no CYCLIC_PARTITION_NOTE
+    drew equal-size groups, which its checkpoints keep (dptrain.data.cyclic_sampling): the
+    ledger says so in `mechanism`, and an example-level unit becomes the zero-out one that
+    split supports (add/remove does not hold for it)."""
+    if (mechanism is None or "sampling_partition" not in mechanism or not previous
+            or previous.get("sampling") != "cyclic_poisson"
+            or previous.get("sampling_partition") == CYCLIC_PARTITION_NOTE):
+        return
+    mechanism["sampling_partition"] = EQUAL_SPLIT_PARTITION_NOTE
+    if mechanism.get("privacy_unit") == PRIVACY_UNIT:
+        mechanism["privacy_unit"] = ZERO_OUT_PRIVACY_UNIT
 
 
 def layer_strategies(model: nn.Module) -> dict[str, str] | None:

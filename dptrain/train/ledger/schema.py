@@ -19,6 +19,19 @@ PRIVACY_UNIT = "one training example (add/remove: datasets differing by one exam
 # What epsilon protects with shuffled batches (dptrain.accounting.shuffle).
 SHUFFLE_PRIVACY_UNIT = ("one training example (substitution: datasets of the same size differing "
                         "in one example; no amplification by subsampling)")
+# mechanism.sampling_partition of a cyclic Poisson run (dptrain.data.cyclic_sampling): why
+# PRIVACY_UNIT (add/remove) holds for its groups.
+CYCLIC_PARTITION_NOTE = ("each example's sampling group drawn uniformly at random, independently "
+                         "of every other example's: adding or removing one example leaves the "
+                         "others' groups as they are (add/remove holds)")
+# ... of a run resumed from a ledger written when the groups were an equal split (no
+# sampling_partition recorded), and the privacy unit that split supports.
+EQUAL_SPLIT_PARTITION_NOTE = ("equal-size sampling groups (a permutation, then index mod groups), "
+                              "kept from the run's first process: adding an example would "
+                              "re-partition the others, so add/remove does not hold")
+ZERO_OUT_PRIVACY_UNIT = ("one training example (zero-out: datasets of the same size, one "
+                         "example's contribution replaced by nothing; not add/remove, see "
+                         "mechanism.sampling_partition)")
 NON_PRIVATE_NOTE = "non-private: no privacy guarantee"
 # mechanism.randomness: how the noise and the Poisson sampling coins were seeded.
 RANDOMNESS = ("os_entropy", "secure", "reproducible")
