@@ -20,6 +20,7 @@ from dptrain.accounting.matrix_factorization import (
     sensitivity,
     unamplified_mu,
 )
+from dptrain.data.cyclic_sampling import equal_split
 from dptrain.errors import ConfigError
 from dptrain.privacy.noise import Banded, Blt
 from dptrain.train.ledger import (
@@ -32,6 +33,7 @@ from dptrain.train.ledger import (
     load_ledger,
     verify_ledger,
 )
+from dptrain.train import checkpoint as ckpt
 from dptrain.train.loop import train
 
 CYCLIC = {"sampling": "cyclic_poisson", "sampling_groups": 3}
@@ -128,6 +130,31 @@ def test_a_cyclic_run_resumed_from_a_checkpoint_replays_its_groups_exactly(tmp_p
     assert all(torch.equal(a, b) for a, b in zip(final_weights(resumed).values(),
                                                  final_weights(whole).values()))
     assert load_ledger(tmp_path / "resumed")["history"] == load_ledger(tmp_path / "whole")["history"]
+
+
+def test_a_run_begun_with_equal_groups_resumes_with_them_and_its_ledger_says_zero_out(
+        tmp_path: Path) -> None:
+    # what a run started before groups were drawn independently left: its checkpoint's sampler
+    # state has a partition seed and no "partition", its ledger no sampling_partition
+    folder = tmp_path / "legacy"
+    train(make_job(engine_kwargs=CYCLIC), make_settings(folder, epochs=2))
+    checkpoint = folder / "checkpoints" / "epoch_1.pt"
+    state = ckpt.load_checkpoint(checkpoint)
+    sampler = state["engine"]["engine"]["sampler"]
+    del sampler["partition"], sampler["partition_sha256"]
+    ckpt.save_checkpoint(checkpoint, state)
+    ledger = json.loads((folder / "privacy_ledger.json").read_text())
+    del ledger["mechanism"]["sampling_partition"]
+    (folder / "privacy_ledger.json").write_text(json.dumps(ledger))
+    resumed = make_job(engine_kwargs=CYCLIC)
+    with pytest.warns(UserWarning, match="equal split.*zero-out"):
+        train(resumed, make_settings(folder, epochs=3, resume=str(checkpoint)))
+    groups = resumed.engine.data_loader.poisson_sampler
+    assert torch.equal(groups.group_of, equal_split(groups.num_samples, 3,
+                                                    sampler["partition_seed"]))
+    mechanism = load_ledger(folder)["mechanism"]
+    assert mechanism["privacy_unit"] == ZERO_OUT_PRIVACY_UNIT
+    assert mechanism["sampling_partition"] == EQUAL_SPLIT_PARTITION_NOTE
 
 
 # -- correlated noise: the strategy's parameters, its sensitivity and participation schema ------
