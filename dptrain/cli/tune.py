@@ -139,17 +139,24 @@ def draw_trials(trials: Trials, grid: list[list[str]], rng: np.random.Generator)
     return [grid[int(i)] for i in rng.integers(len(grid), size=count)]
 
 
-def _start(sweep_dir: Path, trials: Trials, fixed: list[str], grid: list[list[str]],
-           costs: list[dict[str, Any]], drawn: list[list[str]]) -> None:
-    """Write tuning.json in a new sweep folder (ConfigError when the folder holds a sweep)."""
+def _refuse_a_used_folder(sweep_dir: Path) -> None:
+    """ConfigError when the sweep folder already holds a sweep (checked before any planning)."""
     from dptrain.cli.sweep_ledger import SWEEP_LEDGER_FILENAME, TUNING_FILENAME
-    from dptrain.io import atomic_write_json, ensure_writable_dir
 
     if sweep_dir.is_dir() and any((sweep_dir / name).exists()
                                   for name in (TUNING_FILENAME, SWEEP_LEDGER_FILENAME, "0")):
         raise ConfigError(f"The sweep folder {str(sweep_dir)!r} ({SWEEP_DIR_KEY}) already holds a "
                           "sweep: choose a new folder. A tuning run cannot be continued or "
                           "redrawn (its bound assumes one draw).")
+
+
+def _start(sweep_dir: Path, trials: Trials, fixed: list[str], grid: list[list[str]],
+           costs: list[dict[str, Any]], drawn: list[list[str]]) -> None:
+    """Write tuning.json in a new sweep folder (ConfigError when the folder holds a sweep)."""
+    from dptrain.cli.sweep_ledger import TUNING_FILENAME
+    from dptrain.io import atomic_write_json, ensure_writable_dir
+
+    _refuse_a_used_folder(sweep_dir)
     ensure_writable_dir(sweep_dir, SWEEP_DIR_KEY)
     atomic_write_json(sweep_dir / TUNING_FILENAME, {
         "trials": trials.to_json(), "fixed_overrides": fixed, "grid": grid,
@@ -187,6 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         trials = _trials(args)
         fixed, grid = expand_grid(args.overrides)
         sweep_dir = _sweep_dir(fixed)
+        _refuse_a_used_folder(sweep_dir)
         costs = grid_costs(fixed, grid)   # every point's cost, fixed before the draw
         drawn = draw_trials(trials, grid, secret_rng())
         _start(sweep_dir, trials, fixed, grid, costs, drawn)

@@ -199,3 +199,14 @@ def test_a_real_tuning_sweep_bounds_each_trial_by_the_costlier_sigma_and_verifie
                                       DELTA)
     assert ledger["cost"]["random_stopping"]["epsilon"] == pytest.approx(bound, rel=1e-9)
     assert ledger_main([str(tuned_over_sigma)]) == 0
+
+
+def test_tune_refuses_a_grid_point_it_cannot_plan_before_anything_is_drawn(tmp_path,
+                                                                            monkeypatch, capsys):
+    from dptrain_runner import run_in_process
+
+    code, _, err = run_in_process(["tune", "--poisson", "2", "privacy.target_epsilon=0.0001,3",
+                                   "train.epochs=1", "hydra.sweep.dir=tune"], tmp_path,
+                                  monkeypatch, capsys)
+    assert code == 2 and "grid point privacy.target_epsilon=0.0001 cannot be planned" in err
+    assert not (tmp_path / "tune").exists()
