@@ -8,7 +8,9 @@ validation or test score costs more than that run's own epsilon. Two bounds:
 * **A random number of runs** (Papernot and Steinke, ICLR 2022, "Hyperparameter tuning with Renyi
   differential privacy"): run K trials, K drawn from `Trials` independently of the data, each with
   hyperparameters drawn from a fixed distribution, and release only the best. If one trial is
-  (lambda, eps(lambda))-RDP at every order (`per_trial_rdp`: the worst of the trials' RDP curves),
+  (lambda, eps(lambda))-RDP at every order, whatever hyperparameters it draws (`per_trial_rdp`:
+  the worst RDP curve of the histories given; pass one per point of the grid, not only those of
+  the trials that ran: an undrawn point that costs more is a trial that could have run),
   repeat-and-select is (lambda, eps'(lambda))-RDP with (`rdp_repeat_and_select`)
 
       truncated negative binomial (eta, gamma), Theorem 2, minimised over the orders lambda-hat:
@@ -163,7 +165,9 @@ def rdp_repeat_and_select(per_trial_rdp: Sequence[float], orders: Sequence[float
 def per_trial_rdp(histories: Iterable[History],
                   orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarray:
     """The worst trial's RDP [len(orders)]: the elementwise max of the RDP accountant's curves of
-    `histories` (one per trial). Repeat-and-select needs one bound every trial satisfies."""
+    `histories`. Repeat-and-select needs one bound every trial satisfies, so `histories` must
+    cover every hyperparameter setting a trial can draw (the grid's planned histories), not only
+    the trials that ran."""
     orders_t = check_orders(orders)
     curves = []
     for history in histories:

@@ -29,6 +29,7 @@ from dptrain.cli.privacy_request import (  # noqa: F401  (privacy_mode: part of 
     reject_unknown_keys,
 )
 from dptrain.accounting.calibration import steps_for
+from dptrain.accounting.history import history_to_json
 from dptrain.checks import default_delta
 from dptrain.cli.schema import check_hardware, check_optimizer
 from dptrain.data.datasets import DatasetSplits, load_dataset
@@ -45,7 +46,7 @@ from dptrain.models.hf import check_task, loss_for_task, parameter_groups
 from dptrain.data.sampling import default_sample_rate
 from dptrain.data.user_sampling import user_sample_rate
 from dptrain.privacy.engine import PrivacyEngine
-from dptrain.privacy.plan import PerformanceSettings, calibrated
+from dptrain.privacy.plan import PerformanceSettings, PrivacyPlan, calibrated, planned_history
 from dptrain.train.job import PrivacySettings, TrainingJob, check_model_selection
 from dptrain.train.loggers import make_loggers
 from dptrain.randomness import seed_everything
@@ -406,6 +407,57 @@ def sgd_momentum(optimizer: torch.optim.Optimizer) -> float:
     return float(optimizer.param_groups[0].get("momentum", 0.0) or 0.0)
 
 
+def job_plan(request: PrivacyRequest, loader: DataLoader, settings: TrainSettings,
+             num_examples: int, momentum: float = 0.0) -> tuple[PrivacyPlan, dict[str, Any]]:
+    """(plan, user-level arguments of make_private) of a private `request` for the training
+    `loader` of `num_examples` examples: q = batch_size / N (N: examples, or users with
+    privacy.unit=user), delta by the 1/(10 N) rule when null, sigma calibrated for
+    `train.epochs` with privacy=epsilon; `momentum` is SGD's (correlated noise is optimised
+    for it)."""
+    unit = user_level_arguments(request, loader.dataset)
+    num_units = len(unit["user_ids"].unique()) if unit else num_examples  # N: examples or users
+    delta = _target_delta(request.target_delta, num_units, "users" if unit else "training examples")
+    rate = user_sample_rate(loader, num_units) if unit else default_sample_rate(loader, num_examples)
+    plan = request.plan(rate, delta, steps=planned_steps(rate, settings), momentum=momentum)
+    if plan.noise.multiplier is None:
+        try:
+            plan = calibrated(plan, settings.epochs)
+        except UnreachableEpsilonError as error:
+            raise _unreachable_in_keys(error, settings, num_units) from error
+    return plan, unit
+
+
+def planned_cost(cfg: DictConfig) -> dict[str, Any]:
+    """What a run of `cfg` will spend if it runs to its end, known before it reads a batch:
+    {"history": its (sigma, q, steps) runs as JSON (dptrain.privacy.plan.planned_history over
+    `planned_steps`), or None for privacy=none; "sampling": how the steps are charged (the
+    selection: poisson, shuffle; qualified when the noise is correlated or the selection cyclic,
+    as the sweep ledger names a job's)}.
+
+    Loads the dataset (for N, and the users with privacy.unit=user) but builds no model: the
+    plan and the settings are those `build_job` builds. A budget cap (privacy.target_epsilon with
+    a given sigma) can only stop the run earlier, so the history bounds what it spends. SGD's
+    momentum is taken as 0: it shapes only a correlated noise strategy, whose steps a sweep
+    does not compose anyway."""
+    resolved = resolve_config(cfg)
+    for group in ("dataset", "privacy", "train"):
+        _require(resolved, "config", group)
+    train = resolved["train"]
+    request = PrivacyRequest.parse(resolved["privacy"], resolved.get("noise_schedule"))
+    if not request.private:
+        return {"history": None, "sampling": "none"}
+    splits = build_dataset(resolved["dataset"], int(train.get("seed", 0)), tokenizer_key(cfg))
+    size_train(train, len(splits.train))
+    settings = build_settings(train, Path("."), resolved.get("lr_schedule"))
+    loader = DataLoader(splits.train, batch_size=settings.batch_size)
+    plan, _ = job_plan(request, loader, settings, len(splits.train))
+    kind = plan.selection.kind
+    steps = planned_steps(plan.selection.sample_rate, settings)
+    return {"history": history_to_json(planned_history(plan, steps)),
+            "sampling": kind if plan.accounting.plain
+            else f"{kind} with correlated noise or sampling groups"}
+
+
 def make_private_job(
     request: PrivacyRequest,
     model: nn.Module,
@@ -422,17 +474,7 @@ def make_private_job(
     """
     if not request.private:
         return None, model, optimizer, loader, PrivacySettings(enabled=False)
-    unit = user_level_arguments(request, loader.dataset)
-    num_units = len(unit["user_ids"].unique()) if unit else num_examples  # N: examples or users
-    delta = _target_delta(request.target_delta, num_units, "users" if unit else "training examples")
-    rate = user_sample_rate(loader, num_units) if unit else default_sample_rate(loader, num_examples)
-    plan = request.plan(rate, delta, steps=planned_steps(rate, settings),
-                        momentum=sgd_momentum(optimizer))
-    if plan.noise.multiplier is None:
-        try:
-            plan = calibrated(plan, settings.epochs)
-        except UnreachableEpsilonError as error:
-            raise _unreachable_in_keys(error, settings, num_units) from error
+    plan, unit = job_plan(request, loader, settings, num_examples, sgd_momentum(optimizer))
     engine = PrivacyEngine.for_plan(plan, seed=settings.seed)
     performance = PerformanceSettings(grad_sample_mode=request.grad_sample_mode)
     model, optimizer, loader = engine.make_private(module=model, optimizer=optimizer,

@@ -9,10 +9,16 @@ than the chosen job's epsilon. `sweep_cost` reads each job folder's privacy ledg
 * `random_stopping` (only for a sweep run by `dptrain tune`, whose `tuning.json` records the
   distribution of its random number K of trials and the K trials drawn): the bound of Papernot and
   Steinke (dptrain.accounting.tuning) for releasing only the best trial, computed by the RDP
-  accountant with the worst job's RDP curve as the per-trial bound; it holds once all K trials
-  have run;
+  accountant; the per-trial bound is the worst RDP curve over every grid point's planned cost
+  (`grid_costs`, recorded by `dptrain tune` before the draw: a grid point that was not drawn
+  could have been) and every job that ran; it holds once all K trials have run (a tuning.json
+  without `grid_costs` keeps the old rule, the worst job that ran, with a `caveat`);
 * `epsilon`: the smaller of the two that hold (the composition holds for the K jobs that ran, K
   being drawn independently of the data; the random-stopping bound over the draw of K).
+
+Both are stated for one privacy unit (`privacy_unit`): a sweep whose jobs protect one user
+(privacy.unit=user) and one example alike has no total (None, with the reason: a user-level
+bound would need group privacy over the most examples one user holds, which no ledger records).
 
 A job folder without a ledger never took a step (steps are committed to the ledger before they
 touch data) and costs nothing, unless its result.json reports steps (a removed ledger); a
@@ -30,7 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dptrain.accounting.history import History, history_from_json
+from dptrain.accounting.history import (
+    History,
+    history_from_json,
+    history_steps,
+    merge_history,
+    truncate_history,
+)
 from dptrain.accounting.tuning import Trials, composed_epsilon, repeat_and_select_epsilon
 from dptrain.errors import DPTrainError
 from dptrain.io import atomic_write_json
@@ -45,7 +57,9 @@ ALL_COMPOSED_NOTE = ("every job's history composed: holds for releasing any job 
                      "chosen in any way (by validation or test accuracy...)")
 RANDOM_STOPPING_NOTE = ("Papernot and Steinke (ICLR 2022): holds for releasing only the best of "
                         "the K trials, K drawn at random as recorded in tuning.json, each trial "
-                        "bounded by the worst job's RDP curve")
+                        "bounded by the worst RDP curve it could have had")
+GRID_NOTE = ("the worst RDP curve over every grid point's planned cost (tuning.json grid_costs, "
+             "fixed before the draw) and every trial that ran: an undrawn grid point is covered")
 
 
 def _relative(sweep_dir: Path, path: Path) -> str:
@@ -79,7 +93,7 @@ def _job_entry(sweep_dir: Path, job_dir: Path) -> tuple[dict[str, Any], History 
         entry["error"] = " ".join(str(error).split())
         return entry, None
     entry.update(status=data["status"], private=data["private"], accountant=data["accountant"],
-                 sampling=_charged_as(data),
+                 sampling=_charged_as(data), unit=_unit_of(data),
                  delta=data["delta"], epsilon=data["epsilon"],
                  steps=data["steps_completed"] + data["committed_ahead"],
                  history_sha256=history_sha256(data["history"]))
@@ -96,6 +110,44 @@ def _charged_as(data: dict[str, Any]) -> str:
         relation = data["accounting"].get("relation", "?")
         return f"{sampling} with correlated noise or sampling groups ({relation})"
     return sampling
+
+
+def _unit_of(data: dict[str, Any]) -> str:
+    """Who a job's epsilon protects: its plan's unit ("example" | "user"); a ledger written
+    before the plan was recorded names a user-level unit in mechanism.privacy_unit."""
+    unit = ((data.get("plan") or {}).get("unit") or {}).get("kind")
+    if unit is not None:
+        return str(unit)
+    described = str((data.get("mechanism") or {}).get("privacy_unit", ""))
+    return "user" if described.startswith("one user") else "example"
+
+
+def _mixed_units(entries: list[dict[str, Any]]) -> str | None:
+    """Why the jobs' costs cannot be composed into one epsilon (None when they can): some jobs
+    protect one user (privacy.unit=user) and others one example. Under the coarser unit, the
+    user, an example-level job is (k eps, k e^((k-1) eps) delta)-DP by group privacy over the k
+    examples of the largest user, and no ledger records k (a user-level job's
+    max_examples_per_user caps a user's examples in one batch, not in the data). Under the finer
+    unit, the example, a user-level job's add/remove-a-user guarantee covers adding or removing
+    one example only as replacing that example's user (group privacy over 2), which is not what
+    its ledger states either. Each job's own ledger states its epsilon for its own unit."""
+    units = {e["job"]: e.get("unit", "example") for e in entries if e.get("private")}
+    if len(set(units.values())) < 2:
+        return None
+    users = [job for job, unit in units.items() if unit == "user"]
+    examples = [job for job, unit in units.items() if unit != "user"]
+    return (f"unknown: job(s) {', '.join(users)} protect one user (privacy.unit=user) and "
+            f"job(s) {', '.join(examples)} one example; a bound for a user needs group privacy "
+            "for the example-level jobs over the most examples one user holds, which no ledger "
+            "records. Each job's own ledger states its epsilon for its unit; sweep one unit at "
+            "a time to get the cost of the best job")
+
+
+def sweep_unit(entries: list[dict[str, Any]]) -> str | None:
+    """The unit the sweep's epsilon protects: the private jobs' one unit, "mixed", or None
+    when no job is private."""
+    units = {e.get("unit", "example") for e in entries if e.get("private")}
+    return None if not units else units.pop() if len(units) == 1 else "mixed"
 
 
 def read_tuning(sweep_dir: Path) -> dict[str, Any] | None:
@@ -132,7 +184,7 @@ def _all_composed(entries: list[dict[str, Any]], histories: list[History | None]
     if broken:
         cost["reason"] = (f"unknown: the ledger of job(s) {', '.join(broken)} cannot be read or "
                           "is missing")
-    elif (unaccounted := _not_poisson(entries)) is not None:
+    elif (unaccounted := _not_poisson(entries) or _mixed_units(entries)) is not None:
         cost["reason"] = unaccounted
     elif public:
         cost["epsilon"] = math.inf
@@ -143,6 +195,44 @@ def _all_composed(entries: list[dict[str, Any]], histories: list[History | None]
     else:
         cost["epsilon"] = composed_epsilon([h for h in histories if h], delta, accountant)
     return cost
+
+
+def _agree(a: History, b: History) -> bool:
+    """Whether two histories agree on their common first steps (floats to 1e-9 relative)."""
+    steps = min(history_steps(a), history_steps(b))
+    cut_a, cut_b = truncate_history(merge_history(a), steps), truncate_history(merge_history(b), steps)
+    return len(cut_a) == len(cut_b) and all(
+        n == m and math.isclose(s, t, rel_tol=1e-9) and math.isclose(q, r, rel_tol=1e-9)
+        for (s, q, n), (t, r, m) in zip(cut_a, cut_b))
+
+
+def _grid_bound(tuning: dict[str, Any], histories: list[History]) -> tuple[list[History], str | None]:
+    """(the histories every trial is bounded by, or why the bound does not hold): the planned
+    history of every grid point of `tuning` (`grid_costs`, written by `dptrain tune` before the
+    draw: a trial could have been any of them) and the `histories` of the trials that ran.
+
+    The reason names a grid point trained without privacy (the bound is then infinite: the
+    caller states inf), one not charged as Poisson DP-SGD, or a trial whose history disagrees
+    with its grid point's plan (the plans of the points not drawn are then not to be trusted).
+    """
+    grid = tuning["grid_costs"]
+    public = [" ".join(g["overrides"]) or "(no grid)" for g in grid if g.get("history") is None]
+    if public:
+        return [], (f"infinite: grid point(s) {'; '.join(public)} train without privacy, and "
+                    "any trial could have been one of them")
+    other = [" ".join(g["overrides"]) for g in grid if g.get("sampling", POISSON) != POISSON]
+    if other:
+        return [], (f"unknown: grid point(s) {'; '.join(other)} are not charged as Poisson "
+                    "DP-SGD, and the random-stopping bound is computed for Poisson-sampled "
+                    "histories only")
+    planned = {json.dumps(g["overrides"]): history_from_json(g["history"]) for g in grid}
+    for job, history in zip(tuning["jobs"], histories):
+        plan = planned.get(json.dumps(job["overrides"]))
+        if plan is None or not _agree(history, plan):
+            return [], (f"does not hold: trial {job['job']} spent a history that is not the "
+                        "planned cost of its grid point in tuning.json, so the planned costs of "
+                        "the grid points not drawn cannot be trusted either")
+    return list(planned.values()) + histories, None
 
 
 def _random_stopping(tuning: dict[str, Any], entries: list[dict[str, Any]],
@@ -159,17 +249,32 @@ def _random_stopping(tuning: dict[str, Any], entries: list[dict[str, Any]],
                           "have run")
     elif any(h is None for h in histories):
         cost["reason"] = "does not hold: a job is not private or its ledger cannot be read"
-    elif (unaccounted := _not_poisson(entries)) is not None:
+    elif (unaccounted := _not_poisson(entries) or _mixed_units(entries)) is not None:
         cost["reason"] = unaccounted
     elif delta is None or not histories:
         cost["epsilon"] = 0.0
-    else:
+    elif "grid_costs" in tuning:   # every grid point's planned cost: the bound holds as stated
+        bounded_by, why_not = _grid_bound(tuning, _in_draw_order(tuning, entries, histories))
+        if why_not is None:
+            cost["epsilon"] = repeat_and_select_epsilon(bounded_by, trials, delta)
+            cost["per_trial"] = GRID_NOTE
+        else:
+            cost["epsilon"] = math.inf if why_not.startswith("infinite") else None
+            cost["reason"] = why_not
+    else:   # a tuning.json written before the grid's costs were recorded: its old rule
         cost["epsilon"] = repeat_and_select_epsilon(histories, trials, delta)
-        if len({e.get("history_sha256") for e in entries}) > 1:
-            cost["caveat"] = ("the jobs' privacy histories differ: the per-trial bound is the "
-                              "worst job that ran; it holds if no grid point that was not drawn "
-                              "costs more")
+        cost["caveat"] = ("tuning.json does not record the planned cost of every grid point "
+                          "(written before dptrain recorded them): the per-trial bound is the "
+                          "worst job that ran, and it holds only if no grid point that was not "
+                          "drawn costs more")
     return cost
+
+
+def _in_draw_order(tuning: dict[str, Any], entries: list[dict[str, Any]],
+                   histories: list[History | None]) -> list[History]:
+    """The histories of the trials in tuning.json's order (the jobs ran as 0, 1, ...)."""
+    by_job = {e["job"]: h for e, h in zip(entries, histories)}
+    return [by_job[str(job["job"])] for job in tuning["jobs"]]
 
 
 def sweep_cost(sweep_dir: Path | str) -> dict[str, Any]:
@@ -193,7 +298,7 @@ def sweep_cost(sweep_dir: Path | str) -> dict[str, Any]:
         costs["random_stopping"] = _random_stopping(tuning, entries, histories, delta)
     holding = [c["epsilon"] for c in costs.values() if c["epsilon"] is not None]
     return {"schema_version": SWEEP_LEDGER_VERSION, "jobs": entries, "selection": selection,
-            "delta": delta, "cost": costs,
+            "privacy_unit": sweep_unit(entries), "delta": delta, "cost": costs,
             "epsilon": min(holding) if holding else None}
 
 

@@ -7,7 +7,8 @@ Papernot and Steinke (ICLR 2022): run K trials, K drawn independently of the dat
 mean MU, or truncated negative binomial with shape ETA and GAMMA), each trial's hyperparameters
 drawn uniformly from the grid, and release only the best trial. The command draws K and the K
 grid points (with replacement) from OS entropy, writes them to `tuning.json` in the sweep folder
-before anything is trained, runs trial i as job i of that folder (`dptrain -m OVERRIDES
+before anything is trained, with what a trial of every grid point will spend (`grid_costs`: the
+per-trial bound must hold for the points that were not drawn too), runs trial i as job i of that folder (`dptrain -m OVERRIDES
 hydra.sweep.subdir=i`), and ends like `dptrain -m`: the table, the plot, `sweep_summary.json` and
 `sweep_ledger.json`, which state both costs of releasing the best job (dptrain.cli.sweep_ledger).
 
@@ -28,6 +29,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -96,6 +98,40 @@ def _sweep_dir(fixed: list[str]) -> Path:
     return Path("multirun") / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S")
 
 
+def grid_costs(fixed: list[str], grid: list[list[str]]) -> list[dict[str, Any]]:
+    """What a trial of each grid point will spend, computed before anything is drawn or
+    trained: {"overrides": the point, "history": its planned (sigma, q, steps) runs or None
+    without privacy, "sampling"} (dptrain.cli.build.planned_cost, on the config `dptrain`
+    composes for the point). The random-stopping bound needs one per-trial bound that holds for
+    every point a trial could have drawn, not only for the points that were drawn. ConfigError
+    naming the point that cannot be planned (a trial of it would fail before training)."""
+    from hydra import compose, initialize_config_module
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from dptrain.cli.build import planned_cost
+    from dptrain.cli.overrides import choose_sigma_option, open_mapping_keys
+    from dptrain.cli.suggest import explain
+
+    common = [o for o in fixed if not o.lstrip("+~").startswith("hydra.")]
+    costs = []
+    with initialize_config_module("dptrain.conf", version_base="1.3"):
+        for point in grid:
+            argv = [PROG, *common, *point]
+            try:
+                choose_sigma_option(argv)   # as `dptrain` reads its command line
+                open_mapping_keys(argv)
+                cost = planned_cost(compose("config", overrides=argv[1:]))
+            except (HydraException, OmegaConfBaseException) as error:
+                raise ConfigError(f"grid point {' '.join(point) or '(no grid)'}: "
+                                  f"{explain(error, argv[1:])}") from None
+            except DPTrainError as error:
+                raise ConfigError(f"grid point {' '.join(point) or '(no grid)'} cannot be "
+                                  f"planned: {error}") from None
+            costs.append({"overrides": point, **cost})
+    return costs
+
+
 def draw_trials(trials: Trials, grid: list[list[str]], rng: np.random.Generator) -> list[list[str]]:
     """K ~ `trials`, then K grid points drawn uniformly with replacement: one list of overrides
     per trial."""
@@ -103,20 +139,28 @@ def draw_trials(trials: Trials, grid: list[list[str]], rng: np.random.Generator)
     return [grid[int(i)] for i in rng.integers(len(grid), size=count)]
 
 
-def _start(sweep_dir: Path, trials: Trials, fixed: list[str], grid: list[list[str]],
-           drawn: list[list[str]]) -> None:
-    """Write tuning.json in a new sweep folder (ConfigError when the folder holds a sweep)."""
+def _refuse_a_used_folder(sweep_dir: Path) -> None:
+    """ConfigError when the sweep folder already holds a sweep (checked before any planning)."""
     from dptrain.cli.sweep_ledger import SWEEP_LEDGER_FILENAME, TUNING_FILENAME
-    from dptrain.io import atomic_write_json, ensure_writable_dir
 
     if sweep_dir.is_dir() and any((sweep_dir / name).exists()
                                   for name in (TUNING_FILENAME, SWEEP_LEDGER_FILENAME, "0")):
         raise ConfigError(f"The sweep folder {str(sweep_dir)!r} ({SWEEP_DIR_KEY}) already holds a "
                           "sweep: choose a new folder. A tuning run cannot be continued or "
                           "redrawn (its bound assumes one draw).")
+
+
+def _start(sweep_dir: Path, trials: Trials, fixed: list[str], grid: list[list[str]],
+           costs: list[dict[str, Any]], drawn: list[list[str]]) -> None:
+    """Write tuning.json in a new sweep folder (ConfigError when the folder holds a sweep)."""
+    from dptrain.cli.sweep_ledger import TUNING_FILENAME
+    from dptrain.io import atomic_write_json, ensure_writable_dir
+
+    _refuse_a_used_folder(sweep_dir)
     ensure_writable_dir(sweep_dir, SWEEP_DIR_KEY)
     atomic_write_json(sweep_dir / TUNING_FILENAME, {
         "trials": trials.to_json(), "fixed_overrides": fixed, "grid": grid,
+        "grid_costs": costs,
         "hyperparameters": "each trial: one grid point drawn uniformly, with replacement",
         "jobs": [{"job": str(i), "overrides": point} for i, point in enumerate(drawn)],
         "note": "release only the best trial's model: not the others, not this file, not the "
@@ -150,8 +194,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         trials = _trials(args)
         fixed, grid = expand_grid(args.overrides)
         sweep_dir = _sweep_dir(fixed)
+        _refuse_a_used_folder(sweep_dir)
+        costs = grid_costs(fixed, grid)   # every point's cost, fixed before the draw
         drawn = draw_trials(trials, grid, secret_rng())
-        _start(sweep_dir, trials, fixed, grid, drawn)
+        _start(sweep_dir, trials, fixed, grid, costs, drawn)
     except DPTrainError as error:
         if args.verbose:
             raise

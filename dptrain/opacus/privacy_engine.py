@@ -178,8 +178,9 @@ class PrivacyEngine(core.PrivacyEngine):
     def make_private(self, *, module: nn.Module, optimizer: torch.optim.Optimizer,  # type: ignore[override]
                      criterion: nn.Module | None = None, data_loader: Any,
                      noise_multiplier: float | None = None,
-                     max_grad_norm: float | list[float] = 1.0, batch_first: bool = True, loss_reduction: str = "mean",
-                     poisson_sampling: bool = True, clipping: str = "flat",
+                     max_grad_norm: float | list[float] = core.Default(1.0), batch_first: bool = True,
+                     loss_reduction: str = "mean", poisson_sampling: bool = True,
+                     clipping: str = core.Default("flat"),
                      noise_generator: torch.Generator | None = None,
                      grad_sample_mode: str = "hooks", **kwargs: Any) -> tuple:
         """Opacus's make_private: (module, optimizer, data_loader), and with

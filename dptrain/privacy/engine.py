@@ -14,6 +14,7 @@ the sigma and q actually used, and fixes the public expected batch size q * N on
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable
@@ -77,6 +78,30 @@ _PLAN_ARGUMENTS = ("max_grad_norm", "poisson_sampling", "sampling", "sampling_gr
                    "target_unclipped_quantile", "clipbound_learning_rate", "count_noise_std")
 
 
+class Default:
+    """A keyword argument's default value, told apart from the same value given by the caller:
+    make_private refuses a keyword given beside a plan that contradicts it (`_beside_plan`), and
+    only a given keyword can. Shown as the value itself in signatures and docs."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+def given_value(argument: Any) -> Any:
+    """The value of a keyword argument (a `Default`'s own value)."""
+    return argument.value if isinstance(argument, Default) else argument
+
+
+def is_given(argument: Any) -> bool:
+    """Whether the caller gave a keyword argument (None and a `Default` are not given)."""
+    return argument is not None and not isinstance(argument, Default)
+
+
 def schedule_spec(spec: ScheduleSpec) -> dict[str, Any] | None:
     """A schedule argument as the plan records it: a dict as is (constant: None); a Schedule or
     a Python callable by its repr (kind "python": the plan then names it but cannot rebuild it)."""
@@ -95,6 +120,84 @@ def _as_spec(recorded: Any) -> dict[str, Any] | None:
         raise ConfigError(f"the plan's schedule {recorded['repr']} is a Python object: pass it "
                           "again to make_private (noise_schedule= or sample_rate_schedule=).")
     return dict(recorded)
+
+
+def _sampling_agrees(poisson_sampling: bool, kind: str) -> bool:
+    """Whether poisson_sampling=`poisson_sampling` agrees with a plan's selection `kind`: False
+    (the caller's loader, or a shuffle) contradicts batches dptrain draws by (cyclic) Poisson
+    sampling; True contradicts the caller's own loader accounted as Poisson ("given")."""
+    return kind != "given" if poisson_sampling else kind not in ("poisson", "cyclic_poisson")
+
+
+def _recorded_norm(value: Any) -> Any:
+    """max_grad_norm as a plan records it: a float, or a tuple of per-layer bounds."""
+    return tuple(float(v) for v in value) if isinstance(value, (list, tuple)) else float(value)
+
+
+def _optional_int(value: Any) -> Any:
+    return value if value is None else int(value)
+
+
+# make_private's keywords that describe a plan: the plan's field each sets, that field's value
+# in a plan, and the keyword's value as the plan records it (poisson_sampling: _sampling_agrees)
+_PLAN_FIELDS: dict[str, tuple[str, Callable[[PrivacyPlan], Any], Callable[[Any], Any]]] = {
+    "noise_multiplier": ("noise.multiplier", lambda p: p.noise.multiplier, float),
+    "noise_strategy": ("noise.strategy", lambda p: p.noise.strategy, strategy_from_dict),
+    "noise_schedule": ("noise.schedule", lambda p: p.noise.schedule, schedule_spec),
+    "max_grad_norm": ("clipping.max_grad_norm", lambda p: p.clipping.max_grad_norm,
+                      _recorded_norm),
+    "clipping": ("clipping.kind", lambda p: p.clipping.kind, str),
+    "target_unclipped_quantile": ("clipping.target_unclipped_quantile",
+                                  lambda p: p.clipping.target_unclipped_quantile, float),
+    "clipbound_learning_rate": ("clipping.clipbound_learning_rate",
+                                lambda p: p.clipping.clipbound_learning_rate, float),
+    "count_noise_std": ("clipping.count_noise_std", lambda p: p.clipping.count_noise_std, float),
+    "sampling": ("selection.kind", lambda p: p.selection.kind, str),
+    "sampling_groups": ("selection.groups", lambda p: p.selection.groups, int),
+    "sample_rate_schedule": ("selection.schedule", lambda p: p.selection.schedule,
+                             schedule_spec),
+    "privacy_unit": ("unit.kind", lambda p: p.unit.kind, str),
+    "max_examples_per_user": ("unit.max_examples_per_user",
+                              lambda p: p.unit.max_examples_per_user, _optional_int),
+}
+
+
+def _is_python(schedule: Any) -> bool:
+    return isinstance(schedule, Mapping) and schedule.get("kind") == "python"
+
+
+def _with_schedule(plan: PrivacyPlan, name: str, spec: dict[str, Any]) -> PrivacyPlan:
+    """`plan` recording `spec` as its noise (name "noise_schedule") or sample-rate schedule."""
+    if name == "noise_schedule":
+        return dataclasses.replace(plan, noise=dataclasses.replace(plan.noise, schedule=spec))
+    return dataclasses.replace(plan, selection=dataclasses.replace(plan.selection, schedule=spec))
+
+
+def beside_plan(plan: PrivacyPlan, given: Mapping[str, Any]) -> PrivacyPlan:
+    """`plan` once the keywords `given` beside it (name -> value, each given by the caller) are
+    checked against it: ConfigError naming the first that contradicts the plan (the engine
+    would run one mechanism and record another). A Python schedule, which a recorded plan names
+    but cannot rebuild, must be given again: it is taken from the keyword and recorded."""
+    for name, value in given.items():
+        if name == "poisson_sampling":
+            if not _sampling_agrees(_check_flag(name, value), plan.selection.kind):
+                raise _contradiction(name, value, "selection.kind", plan.selection.kind)
+            continue
+        field, planned, recorded = _PLAN_FIELDS[name]
+        mine, theirs = recorded(value), planned(plan)
+        if _is_python(mine) and _is_python(theirs):
+            plan = _with_schedule(plan, name, mine)
+        elif mine != theirs:
+            raise _contradiction(name, value, field, theirs)
+    return plan
+
+
+def _contradiction(name: str, value: Any, field: str, planned: Any) -> ConfigError:
+    return ConfigError(
+        f"{name}={value!r} differs from the plan's {field} ({planned!r}): make_private(plan=...) "
+        "runs and records the plan, so a keyword given beside it must agree with it. Drop "
+        f"{name}, or put it in the plan (engine.plan_of(data_loader, {name}=..., ...) builds "
+        "one from keywords).")
 
 
 def _make_accountant(accountant: Any) -> Any:
@@ -297,23 +400,30 @@ class PrivacyEngine:
 
     def make_private(self, *, module: nn.Module, optimizer: Optimizer, data_loader: DataLoader,
                      noise_multiplier: float | None = None,
-                     max_grad_norm: float | list[float] = 1.0, plan: PrivacyPlan | None = None,
+                     max_grad_norm: float | list[float] = Default(1.0),
+                     plan: PrivacyPlan | None = None,
                      performance: PerformanceSettings | None = None,
-                     poisson_sampling: bool = True, sampling: str | None = None,
-                     clipping: str = "flat", noise_generator: torch.Generator | None = None,
-                     grad_sample_mode: str = "hooks", noise_schedule: ScheduleSpec = None,
+                     poisson_sampling: bool = Default(True), sampling: str | None = None,
+                     clipping: str = Default("flat"),
+                     noise_generator: torch.Generator | None = None,
+                     grad_sample_mode: str = Default("hooks"), noise_schedule: ScheduleSpec = None,
                      sample_rate_schedule: ScheduleSpec = None, allow_non_poisson: bool = False,
                      batch_first: bool = True, loss_reduction: str = "mean",
-                     target_unclipped_quantile: float = 0.5, clipbound_learning_rate: float = 0.2,
-                     count_noise_std: float | None = None, privacy_unit: str = "example",
+                     target_unclipped_quantile: float = Default(0.5),
+                     clipbound_learning_rate: float = Default(0.2),
+                     count_noise_std: float | None = None, privacy_unit: str = Default("example"),
                      user_ids: Any = None, max_examples_per_user: int | None = None,
                      sampling_groups: int | None = None,
                      noise_strategy: NoiseStrategy | None = None
                      ) -> tuple[Any, DPOptimizer, Any]:
         """The private (module, optimizer, data_loader) of `plan`; see docs/python-api.md.
 
-        Without `plan`, the keyword arguments describe it (`plan_of`); `performance` (default:
-        `grad_sample_mode`) says how it is computed. `noise_generator`: a seeded generator for
+        Without `plan`, the keyword arguments describe it (`plan_of`); with one, every keyword
+        that describes a plan (noise_multiplier, max_grad_norm, clipping and its parameters,
+        poisson_sampling, sampling, sampling_groups, the schedules, privacy_unit,
+        max_examples_per_user, noise_strategy) may be given only when it agrees with the plan
+        (ConfigError naming it otherwise; a Python schedule the plan names is taken from the
+        keyword). `performance` (default: `grad_sample_mode`) says how it is computed. `noise_generator`: a seeded generator for
         the noise, an opt-in to reproducible noise (not a guarantee if its seed is known;
         `randomness()` then says "reproducible"); the engine's `reproducible_mechanism` seeds the
         noise and the sampling from `seed`. User-level DP (privacy_unit="user",
@@ -326,25 +436,28 @@ class PrivacyEngine:
         as DP-SGD. Raises PrivacyError / ConfigError naming the argument for any
         unusable value.
         """
+        described = dict(
+            noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
+            poisson_sampling=poisson_sampling, sampling=sampling, clipping=clipping,
+            noise_schedule=noise_schedule, sample_rate_schedule=sample_rate_schedule,
+            target_unclipped_quantile=target_unclipped_quantile,
+            clipbound_learning_rate=clipbound_learning_rate, count_noise_std=count_noise_std,
+            privacy_unit=privacy_unit, max_examples_per_user=max_examples_per_user,
+            sampling_groups=sampling_groups, noise_strategy=noise_strategy)
         if plan is None:
             if noise_multiplier is None:
                 raise PrivacyError("noise_multiplier is missing: pass noise_multiplier=1.0 (or a "
                                    "plan, or use make_private_with_epsilon).")
-            plan = self.plan_of(
-                data_loader, noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
-                poisson_sampling=poisson_sampling, sampling=sampling, clipping=clipping,
-                noise_schedule=noise_schedule, sample_rate_schedule=sample_rate_schedule,
-                target_unclipped_quantile=target_unclipped_quantile,
-                clipbound_learning_rate=clipbound_learning_rate, count_noise_std=count_noise_std,
-                noise_generator=noise_generator, privacy_unit=privacy_unit, user_ids=user_ids,
-                max_examples_per_user=max_examples_per_user, sampling_groups=sampling_groups,
-                noise_strategy=noise_strategy)
-        elif (noise_strategy is not None
-              and strategy_from_dict(noise_strategy) != plan.noise.strategy):
-            raise ConfigError(f"noise_strategy={noise_strategy!r} differs from the plan's "
-                              f"{plan.noise.strategy!r}: give the strategy in the plan alone.")
+            plan = self.plan_of(data_loader, noise_generator=noise_generator, user_ids=user_ids,
+                                **{k: given_value(v) for k, v in described.items()})
+        else:  # what is given beside a plan must agree with it (the plan is what is recorded)
+            plan = beside_plan(plan, {k: v for k, v in described.items() if is_given(v)})
+        mode = given_value(grad_sample_mode)
         if performance is None:
-            performance = PerformanceSettings(grad_sample_mode=grad_sample_mode)
+            performance = PerformanceSettings(grad_sample_mode=mode)
+        elif is_given(grad_sample_mode) and mode != performance.grad_sample_mode:
+            raise ConfigError(f"grad_sample_mode={mode!r} differs from performance="
+                              f"{performance!r}: give the mode in `performance` alone.")
         return self._build(plan, performance, module, optimizer, data_loader, noise_generator,
                            allow_non_poisson, batch_first, loss_reduction,
                            (noise_schedule, sample_rate_schedule), user_ids)

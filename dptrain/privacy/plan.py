@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 from dptrain.accounting.calibration import get_noise_multiplier
 from dptrain.accounting.events import AccountingEvent
-from dptrain.accounting.history import steps_per_epoch
+from dptrain.accounting.history import History, merge_history, steps_per_epoch
 from dptrain.accounting.registry import accountant_class
 from dptrain.checks import (
     check_delta,
@@ -39,6 +39,7 @@ from dptrain.data.user_sampling import check_max_examples_per_user
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import CLIPPING_MODES
 from dptrain.privacy.noise import Independent, NoiseStrategy, check_compatible, strategy_from_dict
+from dptrain.privacy.schedules import Schedule, as_schedule
 from dptrain.privacy.user_level import PRIVACY_UNITS as UNITS
 
 # Who epsilon protects (UNITS): "example" (datasets differing in one training example) or
@@ -417,6 +418,38 @@ def calibrated(plan: PrivacyPlan, epochs: float, tolerance: float = 0.01) -> Pri
                                  epochs=epochs, accountant=plan.accountant,
                                  epsilon_tolerance=tolerance, sampling=plan.accounting)
     return plan.with_noise_multiplier(sigma)
+
+
+def planned_history(plan: PrivacyPlan, steps: int) -> History:
+    """The runs of (sigma, q, steps) that `steps` steps of `plan` charge when every step runs:
+    sigma and q of step t (0-based) from the plan's schedules, which are pure functions of t
+    (dptrain.privacy.schedules), as the DP optimizer and the private loader evaluate them. What a
+    run will spend is known before it reads any data (`dptrain tune` records it for every grid
+    point). ConfigError for an uncalibrated plan or a Python schedule (only the caller's code
+    knows its values)."""
+    if plan.noise.multiplier is None:
+        raise ConfigError("the plan's noise multiplier is not set yet: calibrate it first "
+                          "(dptrain.privacy.plan.calibrated).")
+    sigma_at = _recorded_schedule(plan.noise.schedule, plan.noise.multiplier, "noise_schedule")
+    q_at = _recorded_schedule(plan.selection.schedule, plan.selection.sample_rate,
+                              "sample_rate_schedule")
+    if sigma_at is None and q_at is None:
+        return merge_history([(plan.noise.multiplier, plan.selection.sample_rate, steps)])
+    return merge_history(
+        (plan.noise.multiplier if sigma_at is None else check_noise_multiplier(
+            sigma_at(t), f"noise_schedule (value at step {t})"),
+         plan.selection.sample_rate if q_at is None else check_sample_rate(
+             q_at(t), f"sample_rate_schedule (value at step {t})"), 1)
+        for t in range(int(steps)))
+
+
+def _recorded_schedule(spec: Mapping[str, Any] | None, initial: float,
+                       argument: str) -> Schedule | None:
+    """The schedule a plan records (None: constant); ConfigError for a Python one."""
+    if spec is not None and spec.get("kind") == "python":
+        raise ConfigError(f"the plan's {argument} {spec.get('repr')} is Python code: its values "
+                          "are not known from the plan.")
+    return as_schedule(None if spec is None else dict(spec), initial, argument)
 
 
 def _leaves(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

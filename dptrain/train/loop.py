@@ -13,9 +13,10 @@ and checkpoints are written every `checkpoint_every` epochs and at the end
 (dptrain.train.resume).
 
 Files: `checkpoints/*.pt` are resume state (with a reproducible mechanism they hold the noise
-and sampling generators' states); the model to release is `model.pt` (the final weights alone) and, with
-`keep_best`, `model_best.pt` (the weights of `checkpoints/best.pt`), written by
-`checkpoint.save_weights`.
+and sampling generators' states); the model to release is `model.pt` (the final weights alone), written by
+`checkpoint.save_weights`; with `keep_best` also `model_best.pt` (the weights of
+`checkpoints/best.pt`), chosen on the validation examples without noise: not covered by
+epsilon, not for release (the ledger's `model_selection`).
 
 `Trainer` composes one collaborator per job and runs the epochs: `PrivacySpend` (what is spent
 and committed), `Checkpointer`, `Evaluator`, `Resumer`, `Display`, around one shared `Position`.
@@ -87,7 +88,8 @@ class Trainer:
         self.pos = Position()
         private = job.engine is not None
         self._attach_lr_scheduler()
-        self.ledger = run_ledger(job, settings, run_dir, f"{ckpt.CHECKPOINT_DIRNAME}/{BEST}")
+        self.ledger = run_ledger(job, settings, run_dir, f"{ckpt.CHECKPOINT_DIRNAME}/{BEST}",
+                                 ckpt.BEST_MODEL_FILENAME)
         guard = BudgetGuard(job.privacy.target_epsilon if private else None,
                             self.ledger.data["delta"], self.ledger.data["accountant"],
                             ledger_sampling(self.ledger.data))

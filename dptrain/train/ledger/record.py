@@ -48,21 +48,29 @@ from dptrain.train.ledger.verification import (
 )
 from dptrain.train.settings import TrainSettings
 
-def best_checkpoint_selection(checkpoint: str, validation_size: int) -> dict[str, Any]:
-    """The ledger's `model_selection` entry for a run that keeps its best checkpoint.
+def best_checkpoint_selection(checkpoint: str, validation_size: int,
+                              model_file: str | None = None) -> dict[str, Any]:
+    """The ledger's `model_selection` entry for a run that keeps its best checkpoint
+    (`model_file`: the weights of that checkpoint written for release, model_best.pt).
 
-    The validation examples never enter training, so epsilon (a guarantee for the N training
-    examples) does not cover them, and choosing the checkpoint on them is not covered either.
+    The validation examples are records of the user's private file held out of training, so
+    epsilon (a guarantee for the N training examples) does not cover them, and choosing the
+    checkpoint on them is not covered either: the chosen weights are not safe to share as a
+    private model (`safe_to_share`: false). dptrain does not select privately.
     """
+    chosen = checkpoint if model_file is None else f"{checkpoint} (and {model_file}, its weights)"
     return {
         "checkpoint": checkpoint,
+        **({} if model_file is None else {"model_file": model_file}),
         "criterion": "highest validation accuracy",
         "validation_size": int(validation_size),
         "covered_by_epsilon": False,
-        "note": (f"{checkpoint} is chosen by its accuracy on the {int(validation_size)} "
+        "safe_to_share": False,
+        "note": (f"{chosen} is chosen by its accuracy on the {int(validation_size)} "
                  "validation examples held out of the training split (not counted in "
                  "dataset.size). They never enter training, but the choice depends on them: "
-                 "epsilon covers the training examples only, not this choice."),
+                 "epsilon covers the training examples only, not this choice. Not safe to "
+                 "share as a private model: release model.pt (the final weights) instead."),
     }
 
 
@@ -414,9 +422,9 @@ def refresh_layer_strategies(ledger: PrivacyLedger, model: nn.Module) -> None:
 
 
 def run_ledger(job: TrainingJob, settings: TrainSettings, run_dir: Path,
-               best_checkpoint: str) -> PrivacyLedger:
+               best_checkpoint: str, best_model_file: str | None = None) -> PrivacyLedger:
     """A fresh ledger describing `job` (not yet written); `best_checkpoint` is the file
-    `train.keep_best` keeps."""
+    `train.keep_best` keeps, `best_model_file` the weights written beside it."""
     private = job.engine is not None
     validation_size = 0 if job.validation_loader is None else len(job.validation_loader.dataset)
     return PrivacyLedger.create(
@@ -426,5 +434,6 @@ def run_ledger(job: TrainingJob, settings: TrainSettings, run_dir: Path,
         plan=job.privacy.plan.to_dict() if private else None,
         target_epsilon=job.privacy.target_epsilon, delta=run_delta(job),
         validation_size=validation_size, private_preprocessing=job.private_preprocessing,
-        model_selection=best_checkpoint_selection(best_checkpoint, validation_size)
+        model_selection=best_checkpoint_selection(best_checkpoint, validation_size,
+                                                  best_model_file)
         if settings.keep_best else None, synthetic=job.synthetic)

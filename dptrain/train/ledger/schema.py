@@ -111,9 +111,12 @@ LEDGER_SCHEMA: dict[str, Any] = {
             "type": ["object", "null"],
             "required": ["checkpoint", "criterion", "validation_size", "covered_by_epsilon",
                          "note"],
-            "properties": {"checkpoint": {"type": "string"}, "criterion": {"type": "string"},
+            # model_file, safe_to_share: absent in ledgers written before they were recorded
+            "properties": {"checkpoint": {"type": "string"}, "model_file": {"type": "string"},
+                           "criterion": {"type": "string"},
                            "validation_size": {"type": "integer", "minimum": 1},
                            "covered_by_epsilon": {"type": "boolean", "enum": [False]},
+                           "safe_to_share": {"type": "boolean", "enum": [False]},
                            "note": {"type": "string"}},
         },
         "mechanism": {
