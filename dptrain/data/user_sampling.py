@@ -23,6 +23,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from dptrain.checks import check_sample_rate
+from dptrain.data.fingerprint import user_assignment_fingerprint
 from dptrain.data.sampling import DPDataLoader, PoissonBatchSampler, _loader_kwargs, dataset_size
 from dptrain.errors import ConfigError
 from dptrain.randomness import uniform
@@ -79,6 +80,12 @@ class UserPoissonBatchSampler(PoissonBatchSampler):
         self.pending_groups: deque[Tensor] = deque()
         #: user positions of the batch most recently handed to the training loop.
         self.handed_out_groups: Tensor | None = None
+
+    def assignment_fingerprint(self) -> str:
+        """The SHA-256 of this sampler's users (`groups`, in order) and cap: what a resume
+        compares, beside the records', to call a replay exact
+        (`dptrain.data.fingerprint.user_assignment_fingerprint`)."""
+        return user_assignment_fingerprint(self.groups, self.max_examples_per_user)
 
     def _examples_of(self, user: int) -> Tensor:
         """The examples user `user` contributes: all, or k of them drawn at random (sorted)."""
@@ -140,6 +147,14 @@ class UserDPDataLoader(DPDataLoader):
         return cls(data_loader.dataset, groups, rate, max_examples_per_user=max_examples_per_user,
                    generator=generator, secure=secure, sample_rate_schedule=sample_rate_schedule,
                    collate_fn=data_loader.collate_fn, **_loader_kwargs(data_loader))
+
+
+def user_fingerprint(data_loader: Any) -> str | None:
+    """The `assignment_fingerprint` of a user-level loader's sampler; None for any other loader
+    (example level: each row is its own unit, nothing beside the records to compare)."""
+    sampler = getattr(data_loader, "batch_sampler", None)
+    return (sampler.assignment_fingerprint() if isinstance(sampler, UserPoissonBatchSampler)
+            else None)
 
 
 def user_sample_rate(data_loader: DataLoader, num_users: int) -> float:
