@@ -20,6 +20,13 @@ never matches: a replay over it is treated as a new computation. The cost is one
 stored bytes (SHA-256: 0.16 s for 50,000 images of 3x32x32 uint8, under 1 ms for the embedded
 digits), or item by item one read of every record (2.6 s for the same 50,000 images as numpy
 arrays).
+
+A user-level run (privacy_unit="user") computes over more than the records: which rows form each
+user, the users' order (the sampler's coin for user u goes to the u-th group) and the cap on a
+sampled user's examples. `user_assignment_fingerprint` hashes exactly those (the sampler's groups
+and `max_examples_per_user`); the ledger records it beside the data's (`dataset.user_fingerprints`)
+and a resume compares both. The user ids themselves are not hashed: renaming every user keeps the
+groups, hence the computation, the same.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,6 +61,21 @@ def data_fingerprint(dataset: Any, read_items: bool = False) -> str:
         _hash_dataset(digest, dataset, read_items)
     except _Unhashable:
         return UNKNOWN
+    return digest.hexdigest()
+
+
+def user_assignment_fingerprint(groups: Sequence[torch.Tensor],
+                                max_examples_per_user: int | None) -> str:
+    """SHA-256 (hex) of what user-level sampling and clipping compute over besides the records:
+    `groups` (the example indices of each user, in the sampler's user order: int64 `Tensor[n_u]`,
+    `dptrain.data.user_sampling.user_groups`) and the cap `max_examples_per_user` (None: all).
+
+    Moving one example to another user, reordering the users or changing the cap changes it."""
+    digest = hashlib.sha256()
+    _tag(digest, f"users {len(groups)} max_examples_per_user {max_examples_per_user!r}")
+    _hash_value(digest, torch.tensor([len(rows) for rows in groups], dtype=torch.int64))
+    _hash_value(digest, torch.cat([torch.as_tensor(rows, dtype=torch.int64) for rows in groups])
+                if groups else torch.zeros(0, dtype=torch.int64))
     return digest.hexdigest()
 
 

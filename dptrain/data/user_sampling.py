@@ -6,7 +6,8 @@ uniformly at random, from the same coin source, when it has more). The batch lis
 user by user (contiguous), and the sampler records, per batch, the user position of each example:
 a `Tensor[B]` of int64 in `[0, U)` (U the batch's users, non-decreasing), handed to the DP
 optimizer's user-level clipper (`dptrain.privacy.user_level`) with the batch, as the batch's q is
-(`PoissonBatchSampler.pending_rates`).
+(`PoissonBatchSampler.pending_rates`). A collate function that reorders the examples reports how
+(`dptrain.data.row_order`), and the record follows the rows; one that cannot say is refused.
 
 This is user-level sampling as in Charles et al. 2024 and Chua et al. 2024 (ULS), as opposed to
 example-level sampling with a per-user contribution bound (ELS).
@@ -23,6 +24,8 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from dptrain.checks import check_sample_rate
+from dptrain.data.fingerprint import user_assignment_fingerprint
+from dptrain.data.row_order import reorder, reports_row_order, row_order_collate
 from dptrain.data.sampling import DPDataLoader, PoissonBatchSampler, _loader_kwargs, dataset_size
 from dptrain.errors import ConfigError
 from dptrain.randomness import uniform
@@ -80,6 +83,12 @@ class UserPoissonBatchSampler(PoissonBatchSampler):
         #: user positions of the batch most recently handed to the training loop.
         self.handed_out_groups: Tensor | None = None
 
+    def assignment_fingerprint(self) -> str:
+        """The SHA-256 of this sampler's users (`groups`, in order) and cap: what a resume
+        compares, beside the records', to call a replay exact
+        (`dptrain.data.fingerprint.user_assignment_fingerprint`)."""
+        return user_assignment_fingerprint(self.groups, self.max_examples_per_user)
+
     def _examples_of(self, user: int) -> Tensor:
         """The examples user `user` contributes: all, or k of them drawn at random (sorted)."""
         rows = self.groups[user]
@@ -102,10 +111,20 @@ class UserPoissonBatchSampler(PoissonBatchSampler):
         self.handed_out_groups = self.pending_groups.popleft() if self.pending_groups else None
         super().hand_out()
 
+    def reorder_handed_out(self, order: Tensor) -> None:
+        """The batch handed out last reached the loop with its rows reordered by the collate
+        function (row r holds its example order[r]): its user positions follow the rows."""
+        if self.handed_out_groups is not None:
+            self.handed_out_groups = reorder(self.handed_out_groups, order)
+
 
 class UserDPDataLoader(DPDataLoader):
     """A DataLoader of user-level Poisson batches (`UserPoissonBatchSampler`);
-    `batch_user_groups()` is the user position of each row of the batch handed out last."""
+    `batch_user_groups()` is the user position of each row of the batch handed out last.
+
+    Its collate function must keep the rows in the order of the examples it receives, or report
+    their order (`dptrain.data.row_order`: a `SortingCollate` for packed sequences); any other
+    is refused with PrivacyError, since a row's user would be unknown."""
 
     def __init__(self, dataset: Dataset, groups: list[Tensor], sample_rate: float, *,
                  max_examples_per_user: int | None = None, steps: int | None = None,
@@ -116,15 +135,19 @@ class UserDPDataLoader(DPDataLoader):
         sampler = UserPoissonBatchSampler(groups, sample_rate, max_examples_per_user, steps=steps,
                                           generator=generator, secure=secure,
                                           sample_rate_schedule=sample_rate_schedule)
-        self._init_loader(dataset, sampler, collate_fn, loader_kwargs)
+        self._init_loader(dataset, sampler, row_order_collate(collate_fn), loader_kwargs)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         self.poisson_sampler.pending_groups.clear()  # type: ignore[attr-defined]
-        return super().__iter__()
+        batches = super().__iter__()
+        if reports_row_order(self.collate_fn.collate_fn):  # type: ignore[attr-defined]
+            return _RowOrderIterator(batches, self.poisson_sampler)  # type: ignore[arg-type]
+        return batches
 
     def batch_user_groups(self) -> Tensor | None:
-        """Tensor[B] int64: the user position (0 .. U-1, contiguous) of each row of the batch
-        most recently handed to the loop (None before the first)."""
+        """Tensor[B] int64: the user position (0 .. U-1) of each row of the batch most recently
+        handed to the loop, in the order of its collated rows (each user's rows contiguous unless
+        the collate function reordered them); None before the first."""
         return self.poisson_sampler.handed_out_groups  # type: ignore[attr-defined]
 
     @classmethod
@@ -140,6 +163,37 @@ class UserDPDataLoader(DPDataLoader):
         return cls(data_loader.dataset, groups, rate, max_examples_per_user=max_examples_per_user,
                    generator=generator, secure=secure, sample_rate_schedule=sample_rate_schedule,
                    collate_fn=data_loader.collate_fn, **_loader_kwargs(data_loader))
+
+
+class _RowOrderIterator:
+    """A user-level loader's iterator whose collate function reports its row order: each
+    `RowOrderedBatch` is unwrapped (the loop gets the batch alone) and the handed-out batch's
+    user positions are put in the order of its rows."""
+
+    def __init__(self, iterator: Iterator[Any], sampler: UserPoissonBatchSampler) -> None:
+        self._iterator, self._sampler = iterator, sampler
+
+    def __iter__(self) -> _RowOrderIterator:
+        return self
+
+    def __next__(self) -> Any:
+        ordered = next(self._iterator)   # hands the batch out: the sampler records its users
+        self._sampler.reorder_handed_out(ordered.order)
+        return ordered.batch
+
+    def __len__(self) -> int:
+        return len(self._iterator)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._iterator, name)
+
+
+def user_fingerprint(data_loader: Any) -> str | None:
+    """The `assignment_fingerprint` of a user-level loader's sampler; None for any other loader
+    (example level: each row is its own unit, nothing beside the records to compare)."""
+    sampler = getattr(data_loader, "batch_sampler", None)
+    return (sampler.assignment_fingerprint() if isinstance(sampler, UserPoissonBatchSampler)
+            else None)
 
 
 def user_sample_rate(data_loader: DataLoader, num_users: int) -> float:

@@ -15,8 +15,10 @@ as example-level DP-SGD clips that example.
 `UserLevelClipper` wraps any example-level clipper (flat, per-layer, adaptive: adaptive's
 "samples" are then users) and presents the users of a chunk to it as samples
 (`UserMeanSource`). A logical batch split into physical chunks (BatchMemoryManager) may cut a
-user in two: its rows are contiguous, so only the chunk's last user can be unfinished; its partial
-gradient sum is carried to the next chunk and the user is clipped once complete.
+user in two: its partial gradient sum is carried to the next chunks and the user is clipped once
+its last row is in. Its rows are contiguous unless the collate function reordered them
+(`dptrain.data.row_order`: the loader then records each row's user in the collated order), in
+which case several users' partial sums may be carried at once.
 
 Ghost clipping never forms per-example gradients, only their norms, and the norm of a user's mean
 is not a function of its examples' norms: user level needs `grad_sample_mode="hooks"`.
@@ -148,7 +150,9 @@ class UserLevelClipper(Clipper):
         self.user_groups = user_groups
         self._batch: Tensor | None = None   # the user positions of the batch being clipped
         self._offset = 0                    # its rows clipped (or carried) so far
-        self._carry: tuple[int, int, dict[nn.Parameter, Tensor]] | None = None  # (user, rows, sums)
+        self._totals: Tensor | None = None  # Tensor[U_batch]: each user's rows in the batch
+        # the users whose rows are not all clipped yet: {user: (rows seen, {p: their sum})}
+        self._carry: dict[int, tuple[int, dict[nn.Parameter, Tensor]]] = {}
 
     @property
     def max_grad_norm(self) -> float:
@@ -161,7 +165,8 @@ class UserLevelClipper(Clipper):
         """The user positions of the current chunk's `rows` rows (the next rows of the batch)."""
         batch = self.user_groups()
         if batch is not self._batch:  # a new batch was handed out: start at its first row
-            self._batch, self._offset, self._carry = batch, 0, None
+            self._batch, self._offset, self._carry = batch, 0, {}
+            self._totals = None if batch is None else torch.bincount(batch)
         if batch is None or self._offset + rows > len(batch):
             raise PrivacyError(
                 f"user-level clipping got {rows} per-example gradients but the batch the private "
@@ -173,37 +178,46 @@ class UserLevelClipper(Clipper):
         return groups
 
     def user_means(self, source: PerSampleSource) -> dict[nn.Parameter, Tensor]:
-        """{p: Tensor[U, *p.shape]}: the mean gradient of each user complete at the end of this
-        chunk (its rows carried from the previous chunk included); an unfinished last user's sum
-        is carried to the next chunk."""
+        """{p: Tensor[U, *p.shape]}: the mean gradient of each user whose last row is in this
+        chunk (its rows of earlier chunks included); the partial sums of users with rows still to
+        come are carried to the next chunks. A user's rows need not be contiguous: a collate
+        function may have reordered them (`dptrain.data.row_order`), and each row's user is the
+        one the loader recorded for it."""
         rows = source.per_sample_batch_size()
         groups = self._chunk_groups(rows)
-        first, last = int(groups[0]), int(groups[-1])
-        local = groups - first                                     # Tensor[rows] in [0, U)
-        users = last - first + 1
+        users, local = torch.unique(groups, return_inverse=True)  # Tensor[U], Tensor[rows]
         grads = _per_sample_grads(source, self.params, rows)
-        continued = self._carry is not None and self._carry[0] == first
-        if users == rows and not continued:  # one row per user: its gradient is its mean
-            sums = grads  # views of p.grad_sample, never written to
+        continued = [(j, self._carry.pop(u)) for j, u in enumerate(users.tolist())
+                     if u in self._carry]
+        if len(users) == rows and not continued:  # one row per user: its gradient is its sum
+            sums, users = grads, groups  # views of p.grad_sample, never written to; row order
+            counts = torch.ones(rows, dtype=torch.float64)
         else:
-            sums = {p: torch.zeros((users, *p.shape), dtype=g.dtype, device=g.device)
+            sums = {p: torch.zeros((len(users), *p.shape), dtype=g.dtype, device=g.device)
                     .index_add_(0, local.to(g.device), g) for p, g in grads.items()}
-        counts = torch.bincount(local, minlength=users).to(torch.float64)
-        if self._carry is not None:
-            user, carried, partial = self._carry
-            if user == first:
-                counts[0] += carried
+            counts = torch.bincount(local, minlength=len(users)).to(torch.float64)
+            for j, (carried, partial) in continued:
+                counts[j] += carried
                 for p in sums:
-                    sums[p][0] += partial[p]
-            self._carry = None
-        total_rows = int((self._batch == last).sum())  # type: ignore[operator]
-        if int(counts[-1]) < total_rows:  # the last user continues in the next chunk
-            self._carry = (last, int(counts[-1]), {p: s[-1].clone() for p, s in sums.items()})
-            sums, counts = {p: s[:-1] for p, s in sums.items()}, counts[:-1]
+                    sums[p][j] += partial[p]
+        sums, counts = self._carry_incomplete(users, counts, sums)
         if bool((counts == 1).all()):
             return sums
         return {p: s.div_(counts.to(s.dtype).view(-1, *([1] * (s.dim() - 1))).to(s.device))
                 for p, s in sums.items()}
+
+    def _carry_incomplete(self, users: Tensor, counts: Tensor, sums: dict[nn.Parameter, Tensor]
+                          ) -> tuple[dict[nn.Parameter, Tensor], Tensor]:
+        """(sums, counts) of the complete users only: a user (`users[j]`, with `counts[j]` rows
+        and gradient sum `sums[p][j]` so far) with rows of the batch still to come is carried to
+        the next chunks instead."""
+        complete = counts == self._totals[users].to(torch.float64)  # type: ignore[index]
+        if bool(complete.all()):
+            return sums, counts
+        for j in (~complete).nonzero().flatten().tolist():
+            partial = {p: s[j].clone() for p, s in sums.items()}
+            self._carry[int(users[j])] = (int(counts[j]), partial)
+        return {p: s[complete.to(s.device)] for p, s in sums.items()}, counts[complete]
 
     def clip(self, source: PerSampleSource) -> dict[nn.Parameter, Tensor]:
         """Clipped sum of the complete users' mean gradients: {p: Tensor[*p.shape]} in
@@ -221,7 +235,7 @@ class UserLevelClipper(Clipper):
 
     def reset_accumulation(self) -> None:
         self.inner.reset_accumulation()
-        self._carry = None
+        self._carry = {}
 
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()

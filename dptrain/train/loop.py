@@ -107,6 +107,8 @@ class Trainer:
         self.ledger.data["lr_schedule"] = self._lr_schedule_record()
         self.ledger.data["devices"] = [job.device.type]
         self.ledger.data["dataset"]["fingerprints"] = [self.checkpointer.data_fingerprint]
+        if self.checkpointer.user_fingerprint is not None:   # a user-level run's users
+            self.ledger.data["dataset"]["user_fingerprints"] = [self.checkpointer.user_fingerprint]
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> RunResult:

@@ -20,7 +20,9 @@ replay is the SAME computation (`replay_is_exact`):
   The ledger records the fingerprint of the training data of every process of the run
   (`dataset.fingerprints`, dptrain.data.fingerprint; "unknown" for a ledger written before it did,
   or a dataset whose contents cannot be hashed), and `data_difference` compares them with the
-  resuming process's;
+  resuming process's; a user-level run's users likewise (`dataset.user_fingerprints`: which rows
+  form each user and the cap, `user_difference`), since the same coins and noise over the same
+  records grouped into other users are another computation too;
 - noise and sampling seeded from OS entropy (the default) or secure mode: neither is ever
   replayed (their generators' states are never saved; secure mode has none), so a replayed step
   is a new release, on a freshly drawn Poisson batch. The fresh batch is what makes charging it
@@ -87,14 +89,40 @@ def data_difference(recorded: Iterable[str], current: str) -> str | None:
     """None when every step of the run was computed on the training data the resuming process
     holds: every fingerprint `recorded` (the ledger's `dataset.fingerprints`, the checkpoint's)
     equals `current`, which is known. Otherwise why not, as a clause for the resume message."""
+    return _difference(
+        recorded, current,
+        unknown=("the training data's contents are unknown (dataset.fingerprints: a dataset "
+                 "dptrain cannot hash, or a ledger written before fingerprints were recorded), "
+                 "so their replay may differ"),
+        differ=("the training data differ from the data they were computed on "
+                "(dataset.fingerprints), so their replay releases a different model"))
+
+
+def user_difference(recorded: Iterable[str], current: str | None) -> str | None:
+    """`data_difference` for the users of a user-level run: None when every step was computed
+    with the users the resuming process holds (the ledger's and the checkpoint's
+    `dataset.user_fingerprints` all equal `current`, `user_assignment_fingerprint`), or when the
+    run is example-level (`current` None: no users). An older user-level ledger, written before
+    the users were recorded, has none: it compares as "unknown", never as the same users."""
+    if current is None:
+        return None
+    return _difference(
+        recorded, current,
+        unknown=("the users of the training examples are unknown (dataset.user_fingerprints: a "
+                 "ledger written before they were recorded), so their replay may differ"),
+        differ=("the users of the training examples (which rows form each user, "
+                "max_examples_per_user) differ from those they were computed with "
+                "(dataset.user_fingerprints), so their replay releases a different model"))
+
+
+def _difference(recorded: Iterable[str], current: str, unknown: str, differ: str) -> str | None:
+    """None when every fingerprint `recorded` equals `current` and both are known; else the
+    clause `unknown` (one of them is UNKNOWN, or none was recorded) or `differ`."""
     recorded = list(recorded)
-    if current == UNKNOWN or UNKNOWN in recorded:
-        return ("the training data's contents are unknown (dataset.fingerprints: a dataset "
-                "dptrain cannot hash, or a ledger written before fingerprints were recorded), "
-                "so their replay may differ")
+    if current == UNKNOWN or UNKNOWN in recorded or not recorded:
+        return unknown
     if any(fingerprint != current for fingerprint in recorded):
-        return ("the training data differ from the data they were computed on "
-                "(dataset.fingerprints), so their replay releases a different model")
+        return differ
     return None
 
 

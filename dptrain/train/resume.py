@@ -40,7 +40,8 @@ from dptrain.train.ledger import (
 )
 from dptrain.data.fingerprint import UNKNOWN
 from dptrain.train.ledger_check import newest_checkpoint_step
-from dptrain.train.replay import data_difference, replay_is_exact, still_charged
+from dptrain.train.replay import (data_difference, replay_is_exact, still_charged,
+                                  user_difference)
 from dptrain.train.settings import TrainSettings, setting_name
 
 
@@ -269,11 +270,16 @@ class Resumer:
         recorded = self._recorded_data(previous, state)
         data["dataset"]["fingerprints"] = list(dict.fromkeys(
             [*recorded, self.checkpointer.data_fingerprint]))
+        users = self.checkpointer.user_fingerprint   # None at example level
+        recorded_users = self._recorded_users(previous, state)
+        if users is not None:
+            data["dataset"]["user_fingerprints"] = list(dict.fromkeys([*recorded_users, users]))
         carry_randomness(previous.get("mechanism"), data["mechanism"])
         carry_partition(previous.get("mechanism"), data["mechanism"])
         if not spend.private:
             return max(0, previous["steps_completed"] - self.pos.step), 0
-        self._data_difference = data_difference(recorded, self.checkpointer.data_fingerprint)
+        self._data_difference = (data_difference(recorded, self.checkpointer.data_fingerprint)
+                                 or user_difference(recorded_users, users))
         exact = replay_is_exact(data["devices"], self._reproducible_mechanism(),
                                 from_checkpoint=state is not None, same_start=same_start,
                                 same_data=self._data_difference is None)
@@ -313,6 +319,17 @@ class Resumer:
         recorded = list(previous["dataset"].get("fingerprints", [UNKNOWN]))
         if state is not None and "data_fingerprint" in state:
             recorded.append(str(state["data_fingerprint"]))
+        return list(dict.fromkeys(recorded))
+
+    @staticmethod
+    def _recorded_users(previous: dict[str, Any], state: dict[str, Any] | None) -> list[str]:
+        """The fingerprints of the users of a user-level run's steps (`dataset.user_fingerprints`
+        of the previous ledger, and the checkpoint's): UNKNOWN for a ledger written before they
+        were recorded (an older user-level ledger never compares as the same users; the unit
+        cannot change on resume, the config and the plan hold it)."""
+        recorded = list(previous["dataset"].get("user_fingerprints", [UNKNOWN]))
+        if state is not None and "user_fingerprint" in state:
+            recorded.append(str(state["user_fingerprint"]))
         return list(dict.fromkeys(recorded))
 
 

@@ -70,3 +70,35 @@ def test_an_unknown_privacy_unit_is_refused_naming_the_key_and_its_values(
     code, _, err = run_in_process([*QUIET, "privacy.unit=person"], tmp_path, monkeypatch, capsys)
     assert code != 0 and "Traceback" not in err
     assert "privacy.unit" in err and "example" in err and "user" in err
+
+
+def _authored(moved: tuple[int, ...] = ()) -> list[dict[str, object]]:
+    """The fixture's rows; each row in `moved` written by the next user instead (the same
+    texts and labels, the same USERS users)."""
+    return [{**row, "author": f"user{(i + (i in moved)) % USERS}"}
+            for i, row in enumerate(review_rows(ROWS))]
+
+
+def test_a_cli_resume_after_two_rows_changed_user_is_charged_anew_not_replayed(
+        files: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "bert").symlink_to(files / "bert")
+    run_dir = tmp_path / "run"
+    user_run = ["privacy.unit=user", "dataset.user_column=author",
+                "privacy.reproducible_mechanism=true", "train.epochs=2"]
+    write_csv(tmp_path / "train.csv", _authored())
+    code, _, err = run_in_process(_args(run_dir, *user_run), tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    first = read_json(run_dir / "privacy_ledger.json")
+    write_csv(tmp_path / "train.csv", _authored(moved=(4, 11)))   # two rows: another user
+    code, _, err = run_in_process(
+        _args(run_dir, *user_run, f"train.resume={run_dir / 'checkpoints' / 'epoch_1.pt'}"),
+        tmp_path, monkeypatch, capsys)
+    assert code == 0, err
+    ledger = read_json(run_dir / "privacy_ledger.json")
+    steps = first["steps_completed"]               # 2 epochs of USERS / BATCH steps
+    assert ledger["resumes"][-1]["charged_steps"] == steps // 2   # epoch 2 charged twice
+    assert sum(run["steps"] for run in ledger["history"]) == steps + steps // 2
+    assert ledger["epsilon"] > first["epsilon"]
+    assert len(ledger["dataset"]["user_fingerprints"]) == 2
+    assert ledger["dataset"]["fingerprints"] == first["dataset"]["fingerprints"]

@@ -105,6 +105,13 @@ LEDGER_SCHEMA: dict[str, Any] = {
                            # (dptrain.data.fingerprint; "unknown": not hashed), in the order
                            # first used; absent in ledgers written before it was recorded
                            "fingerprints": {"type": "array", "minItems": 1, "items": {
+                               "type": "string", "pattern": "^([0-9a-f]{64}|unknown)$"}},
+                           # a user-level run's users (which rows form each user, the cap:
+                           # dptrain.data.fingerprint.user_assignment_fingerprint) of every
+                           # process, in the order first used; absent at example level and in
+                           # ledgers written before it was recorded (a resume then compares a
+                           # user-level ledger's users as "unknown")
+                           "user_fingerprints": {"type": "array", "minItems": 1, "items": {
                                "type": "string", "pattern": "^([0-9a-f]{64}|unknown)$"}}},
         },
         "model_selection": {
