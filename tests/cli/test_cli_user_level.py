@@ -81,7 +81,7 @@ def test_a_user_level_run_is_sized_from_its_users_not_its_rows(
     stand-in of 1."""
     from dptrain.train.settings import sized_for
 
-    run_dir = files / "runs" / f"user_sized_{chunk[-4:]}"
+    run_dir = files / "runs" / f"user_sized_{chunk.split('=')[1]}"
     args = [a for a in _args(run_dir, "privacy.unit=user", "dataset.user_column=author",
                              "train.max_steps=1") if not a.startswith(("train.epochs", "train.batch_size", "train.max_physical"))]
     code, _, err = run_in_process(args + ["train.epochs=null", "train.batch_size=null", chunk],
