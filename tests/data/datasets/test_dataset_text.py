@@ -243,3 +243,14 @@ def test_words_pandas_reads_as_missing_stay_text(tokenizers: dict[str, str], tmp
     ids, _ = unpack_inputs(splits.train.features)
     assert [tok.decode(row, skip_special_tokens=True) for row in ids] == \
         [tok.decode(tok(w)["input_ids"], skip_special_tokens=True) for w in ("NA", "null", "None", "nan")]
+
+
+def test_a_model_folder_without_tokenizer_files_is_refused_naming_the_key(tmp_path: Path) -> None:
+    """transformers would build a 5-token tokenizer there: every word read as [UNK]."""
+    folder = save_tiny(tmp_path / "bert", "bert")
+    for path in folder.iterdir():
+        if path.name not in ("config.json", "model.safetensors"):
+            path.unlink()
+    with pytest.raises(ConfigError, match="dataset.tokenizer=.*holds no tokenizer.*save_pretrained"):
+        load_dataset("text", tokenizer=str(folder), train_file=str(_reviews(tmp_path)),
+                     text_column="review")
