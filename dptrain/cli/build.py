@@ -104,19 +104,20 @@ def build_settings(train: dict[str, Any], run_dir: Path,
         return TrainSettings(run_dir=run_dir, lr_schedule=lr_schedule, **train)
 
 
-def size_train(train: dict[str, Any], num_examples: int) -> None:
+def size_train(train: dict[str, Any], num_units: int, units: str = "training examples") -> None:
     """Fill a null `train.batch_size` or `train.epochs` in place with the sizing rule for
-    `num_examples` training examples (dptrain.train.settings.sized_for; model=hf leaves both
-    null), and say so in the run's log. The filled values are what the ledger records."""
+    `num_units` privacy units (`units`: "training examples", or "users" at user level, where a
+    batch counts users; dptrain.train.settings.sized_for; model=hf leaves both null), and say so
+    in the run's log. The filled values are what the ledger records."""
     missing = [key for key in ("batch_size", "epochs") if key in train and train[key] is None]
     if not missing:
         return
-    chosen = dict(zip(("batch_size", "epochs"), sized_for(num_examples)))
+    chosen = dict(zip(("batch_size", "epochs"), sized_for(num_units)))
     for key in missing:
         train[key] = chosen[key]
-    log.info("train.%s null: %s for N = %d training examples (the sizing rule of "
+    log.info("train.%s null: %s for N = %d %s (the sizing rule of "
              "docs/transformers.md; set the key to choose it).", " and train.".join(missing),
-             ", ".join(f"{key} = {train[key]}" for key in missing), num_examples)
+             ", ".join(f"{key} = {train[key]}" for key in missing), num_units, units)
 
 
 # ----------------------------------------------------------------------------- hardware
@@ -393,6 +394,15 @@ def user_level_arguments(request: PrivacyRequest, dataset: Any) -> dict[str, Any
     return {"user_ids": user_ids}
 
 
+def privacy_units(request: PrivacyRequest, dataset: Any) -> tuple[int, str]:
+    """(N, what N counts): the privacy units of the training split, its users at user level
+    (what a batch and the sample rate count there), else its examples."""
+    unit = user_level_arguments(request, dataset)
+    if unit:
+        return len(unit["user_ids"].unique()), "users"
+    return len(dataset), "training examples"
+
+
 def planned_steps(sample_rate: float, settings: TrainSettings) -> int:
     """The steps the run takes: train.epochs of ceil(1 / q) steps, at most train.max_steps."""
     steps = steps_for(sample_rate, None, settings.epochs)
@@ -415,8 +425,8 @@ def job_plan(request: PrivacyRequest, loader: DataLoader, settings: TrainSetting
     `train.epochs` with privacy=epsilon; `momentum` is SGD's (correlated noise is optimised
     for it)."""
     unit = user_level_arguments(request, loader.dataset)
-    num_units = len(unit["user_ids"].unique()) if unit else num_examples  # N: examples or users
-    delta = _target_delta(request.target_delta, num_units, "users" if unit else "training examples")
+    num_units, units = privacy_units(request, loader.dataset)
+    delta = _target_delta(request.target_delta, num_units, units)
     rate = user_sample_rate(loader, num_units) if unit else default_sample_rate(loader, num_examples)
     plan = request.plan(rate, delta, steps=planned_steps(rate, settings), momentum=momentum)
     if plan.noise.multiplier is None:
@@ -447,7 +457,7 @@ def planned_cost(cfg: DictConfig) -> dict[str, Any]:
     if not request.private:
         return {"history": None, "sampling": "none"}
     splits = build_dataset(resolved["dataset"], int(train.get("seed", 0)), tokenizer_key(cfg))
-    size_train(train, len(splits.train))
+    size_train(train, *privacy_units(request, splits.train))  # as build_job sizes it
     settings = build_settings(train, Path("."), resolved.get("lr_schedule"))
     loader = DataLoader(splits.train, batch_size=settings.batch_size)
     plan, _ = job_plan(request, loader, settings, len(splits.train))
@@ -503,8 +513,10 @@ def build_job(cfg: DictConfig, run_dir: Path, prepare_splits: Callable[[DatasetS
         _require(resolved, "config", group)
     run_dir = join_run(resolved, run_dir)  # same config on every rank; rank 0's run folder
     train, lr_schedule = resolved["train"], resolved.get("lr_schedule")
-    # every value checked before the data loads; the keys the data will size stand in as 1
-    build_settings({**train, **{k: 1 for k in ("epochs", "batch_size")
+    # every value checked before the data loads; the keys the data will size stand in as 1 (the
+    # batch as the physical chunk's size, which may not exceed it)
+    stand_in = {"epochs": 1, "batch_size": train.get("max_physical_batch_size") or 1}
+    build_settings({**train, **{k: v for k, v in stand_in.items()
                                 if k in train and train[k] is None}}, run_dir, lr_schedule)
     seed = int(train.get("seed", 0))
     request = PrivacyRequest.parse(resolved["privacy"], resolved.get("noise_schedule"))
@@ -517,7 +529,7 @@ def build_job(cfg: DictConfig, run_dir: Path, prepare_splits: Callable[[DatasetS
     splits = build_dataset(resolved["dataset"], seed, tokenizer_key(cfg))
     if prepare_splits is not None:
         splits = prepare_splits(splits)
-    size_train(train, len(splits.train))
+    size_train(train, *privacy_units(request, splits.train))
     settings = build_settings(train, run_dir, lr_schedule)
     warn_private_preprocessing(splits)
     model_key = _model_key(cfg)

@@ -489,13 +489,20 @@ def optimizer_state_dict(model: nn.Module, optimizer: Any) -> dict[str, Any]:
     return get_optimizer_state_dict(model, optimizer, options=_whole())
 
 
+def _holds_tensors(state: dict[str, Any]) -> bool:
+    """Whether an optimizer state dict keeps any per-parameter tensor (a momentum buffer, Adam's
+    moments); plain SGD keeps none."""
+    return any(isinstance(v, torch.Tensor) for per_param in state.get("state", {}).values()
+               for v in per_param.values())
+
+
 def load_optimizer_state_dict(model: nn.Module, optimizer: Any, state: dict[str, Any]) -> None:
     """Load `state` (keyed by parameter name, `optimizer_state_dict`'s; or by index, a plain
     `optimizer.state_dict()`) into `optimizer` on any number of ranks."""
     names = _parameter_names(model, optimizer)
     groups = state.get("param_groups", [])
     by_index = any(isinstance(i, int) for g in groups for i in g["params"])
-    if is_fully_sharded(model):
+    if is_fully_sharded(model) and _holds_tensors(state):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         if by_index:
@@ -505,6 +512,8 @@ def load_optimizer_state_dict(model: nn.Module, optimizer: Any, state: dict[str,
         set_optimizer_state_dict(model, optimizer, state,
                                  options=StateDictOptions(full_state_dict=True))
         return
+    # Unsharded, or a stateless optimizer (plain SGD: only its groups' settings, which torch's
+    # sharded loader refuses for want of a tensor to place): the optimizer's own loader.
     if not by_index:
         index = {n: i for i, n in enumerate(names)}
         state = {"state": {index[n]: v for n, v in state["state"].items()},

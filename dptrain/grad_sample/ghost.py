@@ -162,6 +162,7 @@ class GhostClippingModule(GradSampleModule):
         self._instantiated_uses: set[tuple[int, int]] = set()  # (block, layer id) instantiated
         self._block_sizes: dict[int, int] = {}
         self._strategies: dict[str, str] = {}
+        self._reported: dict[str, str] = {}  # the choices last summed up in the log
         self._tied = tied_layers(model)
         self._frozen_by_us: dict[int, list[nn.Parameter]] = {}
         self._grad_before: dict[int, Optional[tuple[int, int]]] = {}
@@ -251,7 +252,7 @@ class GhostClippingModule(GradSampleModule):
             cost = get_ghost_cost(layer)
             choice = GHOST if cost is None or cost(layer, activations, backprops) else INSTANTIATE
         if call.name not in self._strategies:
-            logger.info("ghost clipping: layer '%s' (%s) -> %s", call.name, type(layer).__name__, choice)
+            logger.debug("ghost clipping: layer '%s' (%s) -> %s", call.name, type(layer).__name__, choice)
         self._strategies[call.name] = choice
         return choice
 
@@ -324,7 +325,7 @@ class GhostClippingModule(GradSampleModule):
             grads = self._instantiate(entry.call, activations, backprops)
         self._add_grads(key[0], grads)
         if self._strategies.get(entry.name) != INSTANTIATE:
-            logger.info("ghost clipping: layer '%s' (%s) -> instantiate", entry.name, reason)
+            logger.debug("ghost clipping: layer '%s' (%s) -> instantiate", entry.name, reason)
         self._strategies[entry.name] = INSTANTIATE
 
     def _entry_norms(self, entry: _GhostEntry) -> dict[nn.Parameter, Tensor]:
@@ -388,6 +389,7 @@ class GhostClippingModule(GradSampleModule):
         Computed in float32 for 16-bit parameters; zero rows for blocks where ``p`` got nothing.
         """
         self._settle()
+        self._report_strategies()
         batch, offsets = self.per_sample_batch_size(), self._block_offsets()
         params = [p for _, p in self.trainable_parameters()]
         parts: dict[tuple[int, int], list[Tensor]] = {}  # (block, id(p)) -> its terms
@@ -406,6 +408,17 @@ class GhostClippingModule(GradSampleModule):
                     start, rows = offsets[block]
                     norms[p][start : start + rows] = self._scaled_norm(values, block, dtype)
         return norms
+
+    def _report_strategies(self) -> None:
+        """One log line summing up the layers' choices, when they first appear or change (each
+        layer's own line is at DEBUG level: a transformer has dozens)."""
+        if self._strategies == self._reported:
+            return
+        self._reported = dict(self._strategies)
+        counts = {choice: sum(1 for c in self._reported.values() if c == choice)
+                  for choice in (GHOST, INSTANTIATE)}
+        logger.info("ghost clipping: %d layers by their ghost norms, %d with per-sample gradients "
+                    "(the DEBUG log level names each layer's choice)", counts[GHOST], counts[INSTANTIATE])
 
     def _scaled_norm(self, values: list[Tensor], block: int, dtype: torch.dtype) -> Tensor:
         """One block's squared norms of a parameter from its terms, times the mean loss's ``B^2``."""

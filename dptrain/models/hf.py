@@ -123,6 +123,24 @@ def _first_line(error: BaseException) -> str:
 
 
 # ----------------------------------------------------------------------------- tokenizer
+# The files a saved tokenizer is read from (fast tokenizers, WordPiece, BPE, SentencePiece).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
+                   "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
+
+
+def _require_tokenizer_files(name_or_path: str, key: str) -> None:
+    """ConfigError for a local folder that holds no tokenizer file: transformers would build a
+    tokenizer of its few special tokens there, and every word would be trained as unknown."""
+    folder = Path(name_or_path).expanduser()
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(
+            f"{key}={name_or_path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): "
+            f"without one every word would be read as the unknown token. Save the tokenizer "
+            f"beside the weights (`tokenizer.save_pretrained(folder)`), or point {key} at a folder "
+            f"or hub id that has it."
+        )
+
+
 def load_tokenizer(name_or_path: str, *, download: bool = False, pad_token: str | None = None,
                    key: str = "model.name_or_path") -> Any:
     """The tokenizer of `name_or_path` with a pad token, padding on the right.
@@ -135,6 +153,7 @@ def load_tokenizer(name_or_path: str, *, download: bool = False, pad_token: str 
     pad token, saying how to set one.
     """
     transformers = _import_hf()
+    _require_tokenizer_files(name_or_path, key)
     tokenizer = from_pretrained(transformers.AutoTokenizer.from_pretrained, name_or_path,
                                 download=download, key=key, what="the tokenizer")
     if pad_token is not None:

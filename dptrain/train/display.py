@@ -240,6 +240,7 @@ def privacy_rows(ledger: PrivacyLedger) -> list[tuple[str, str]]:
     name, target = data["accountant"], data["target"]["epsilon"]
     rows = [(f"epsilon ({name})", f"{_fmt(ledger.epsilon)} at delta={data['delta']:g} "
                                   f"({_guarantee(name)})"),
+            ("mechanism", mechanism_summary(data["mechanism"])),
             ("privacy unit", data["mechanism"].get("privacy_unit", PRIVACY_UNIT))]
     for other, claim in sorted(data["epsilon_by_accountant"].items()):
         if other == name:
@@ -254,6 +255,19 @@ def privacy_rows(ledger: PrivacyLedger) -> list[tuple[str, str]]:
     if randomness in RANDOMNESS_SUMMARY:
         rows.append(("randomness", RANDOMNESS_SUMMARY[randomness]))
     return rows
+
+
+def mechanism_summary(mechanism: dict[str, Any]) -> str:
+    """The ledger's mechanism in a line: how batches are drawn, how they are clipped and noised
+    (banded noise with cyclic Poisson must not read as plain DP-SGD)."""
+    sampling = f"{mechanism.get('sampling', '?')} sampling"
+    if mechanism.get("sample_rate") is not None:
+        sampling += f" (q = {float(mechanism['sample_rate']):.4g})"
+    norm = mechanism.get("max_grad_norm")
+    bound = "per-layer bounds" if isinstance(norm, list) else f"C = {_fmt(norm)}"
+    return (f"{mechanism.get('algorithm', 'DP-SGD')}: {sampling}, {mechanism.get('clipping', '?')} "
+            f"clipping at {bound}, {mechanism.get('noise', 'gaussian')} noise with sigma = "
+            f"{_fmt(mechanism.get('noise_multiplier'))}")
 
 
 def _guarantee(accountant: str) -> str:

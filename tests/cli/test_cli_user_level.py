@@ -102,3 +102,24 @@ def test_a_cli_resume_after_two_rows_changed_user_is_charged_anew_not_replayed(
     assert ledger["epsilon"] > first["epsilon"]
     assert len(ledger["dataset"]["user_fingerprints"]) == 2
     assert ledger["dataset"]["fingerprints"] == first["dataset"]["fingerprints"]
+
+
+@pytest.mark.parametrize("chunk", ["train.max_physical_batch_size=null", "train.max_physical_batch_size=3"])
+def test_a_user_level_run_is_sized_from_its_users_not_its_rows(
+        files: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, chunk: str) -> None:
+    """train.batch_size and train.epochs null (model=hf's default): the sizing rule counts the
+    privacy units, as the batch and the sample rate do at user level (36 rows would give a batch
+    of 16 of the 9 users); a physical chunk size is checked against the sized batch, not a
+    stand-in of 1."""
+    from dptrain.train.settings import sized_for
+
+    run_dir = files / "runs" / f"user_sized_{chunk.split('=')[1]}"
+    args = [a for a in _args(run_dir, "privacy.unit=user", "dataset.user_column=author",
+                             "train.max_steps=1") if not a.startswith(("train.epochs", "train.batch_size", "train.max_physical"))]
+    code, _, err = run_in_process(args + ["train.epochs=null", "train.batch_size=null", chunk],
+                                  files, monkeypatch, capsys)
+    assert code == 0, err
+    ledger = read_json(run_dir / "privacy_ledger.json")
+    batch, epochs = sized_for(USERS)
+    assert (ledger["config"]["train"]["batch_size"], ledger["config"]["train"]["epochs"]) == (batch, epochs)
+    assert ledger["history"][0]["sample_rate"] == pytest.approx(batch / USERS)

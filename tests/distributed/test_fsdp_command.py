@@ -68,17 +68,19 @@ def test_the_ledger_of_a_sharded_run_equals_the_single_process_ledger(transforme
 
 
 RESUMABLE = tuple(o for o in COMMON if not o.startswith(("train.max_steps", "train.checkpoint"))) \
-    + TRANSFORMER + ("optimizer=sgd", "optimizer.momentum=0.9")
+    + TRANSFORMER + ("optimizer=sgd",)
 
 
-@pytest.fixture(scope="module")
-def resumed(tmp_path_factory) -> Path:
+@pytest.fixture(scope="module", params=["optimizer.momentum=0.9", "optimizer.momentum=0.0"])
+def resumed(tmp_path_factory, request) -> Path:
     """4 steps on one process; 2 steps at 2 ranks resumed to 4 on one process; 2 steps on one
-    process resumed to 4 at 2 ranks (SGD with momentum: its state crosses too; not Adam, whose
-    update turns the differing tiny noise of coordinates without gradient into steps of size lr)."""
+    process resumed to 4 at 2 ranks: SGD with momentum (its state crosses too) and plain SGD (the
+    default: no state at all, which torch's sharded loader once refused); not Adam, whose update
+    turns the differing tiny noise of coordinates without gradient into steps of size lr (its
+    resume: test_every_configured_optimizer_resumes_a_two_rank_run_where_it_would_have_ended)."""
     root = tmp_path_factory.mktemp("fsdp_resume")
-    single = RESUMABLE + ("hardware=cpu",)
-    sharded = RESUMABLE + FSDP
+    single = RESUMABLE + (request.param, "hardware=cpu")
+    sharded = RESUMABLE + (request.param,) + FSDP
     results = {"straight": workers.train_cli(str(root / "straight"), single + ("train.max_steps=4",))}
     workers.train_cli(str(root / "one_then_two"), single + ("train.max_steps=2",))
     ranks = workers.run_ranks(_fsdp_runs, root, timeout_s=240, args=((
@@ -100,6 +102,34 @@ def test_a_run_checkpointed_at_one_number_of_ranks_resumes_at_another(resumed: P
     torch.testing.assert_close(results[run]["params"], results["straight"]["params"],
                                rtol=0, atol=1e-4)
     assert _ledger(resumed / run)["history"] == _ledger(resumed / "straight")["history"]
+
+
+def _two_rank_runs(rank, world_size, port, root, runs):
+    """cli_worker for each (folder under root, overrides) of `runs` in turn, on every rank."""
+    return {"runs": [workers.cli_worker(rank, world_size, port, f"{root}/{folder}", (overrides,))["runs"][0]
+                     for folder, overrides in runs]}
+
+
+@pytest.mark.parametrize("hardware", [FSDP, ("hardware=ddp", "hardware.timeout_s=60")],
+                         ids=["fsdp", "ddp"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+def test_every_configured_optimizer_resumes_a_two_rank_run_where_it_would_have_ended(
+        tmp_path, optimizer: str, hardware: tuple[str, ...]):
+    """Every optimizer of conf/optimizer/ (SGD's default momentum 0 keeps no state at all),
+    stopped after 2 steps at 2 ranks and resumed to 4, ends with the uninterrupted run's weights
+    and history."""
+    args = tuple(o for o in COMMON if not o.startswith(("train.max_steps", "train.checkpoint"))) \
+        + TRANSFORMER + (f"optimizer={optimizer}",) + hardware
+    ranks = workers.run_ranks(_two_rank_runs, tmp_path, timeout_s=240, args=(str(tmp_path), (
+        ("straight", args + ("train.max_steps=4",)),
+        ("resumed", args + ("train.max_steps=2",)),
+        ("resumed", args + ("train.max_steps=4", "train.resume=auto")))))
+    for result in ranks:
+        assert "crash" not in result, result.get("crash")
+        straight, resumed = result["runs"][0], result["runs"][2]
+        assert resumed["status"] == "completed" and resumed["steps"] == 4
+        torch.testing.assert_close(resumed["params"], straight["params"], rtol=0, atol=1e-6)
+    assert _ledger(tmp_path / "resumed")["history"] == _ledger(tmp_path / "straight")["history"]
 
 
 @pytest.fixture(scope="module")

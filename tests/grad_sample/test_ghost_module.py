@@ -104,13 +104,28 @@ def test_layer_strategies_name_every_hooked_layer_with_its_choice() -> None:
     }
 
 
-def test_strategy_choice_is_logged_once_per_layer(caplog) -> None:
+def test_strategy_choice_is_logged_once_per_layer_at_debug_level(caplog) -> None:
+    model, x, y = _cross_entropy_case("cnn")
+    ghost = GhostClippingModule(model)
+    with caplog.at_level(logging.DEBUG, logger="dptrain.grad_sample.ghost"):
+        for _ in range(2):
+            nn.functional.cross_entropy(ghost(*x), y).backward()
+    named = [r for r in caplog.records if "'fc'" in r.getMessage()]
+    assert len(named) == 1 and named[0].levelno == logging.DEBUG
+
+
+def test_the_layers_choices_are_summed_up_in_one_info_line_per_change(caplog) -> None:
+    """A run's log gets one line, not one per layer (a transformer has dozens)."""
     model, x, y = _cross_entropy_case("cnn")
     ghost = GhostClippingModule(model)
     with caplog.at_level(logging.INFO, logger="dptrain.grad_sample.ghost"):
         for _ in range(2):
             nn.functional.cross_entropy(ghost(*x), y).backward()
-    assert sum("'fc'" in r.getMessage() for r in caplog.records) == 1
+            ghost.squared_norms()
+            ghost.clear_per_sample()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO] == [
+        "ghost clipping: 1 layers by their ghost norms, 3 with per-sample gradients (the DEBUG log "
+        "level names each layer's choice)"]
 
 
 def test_backward_computes_no_plain_parameter_gradient() -> None:

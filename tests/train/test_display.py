@@ -82,6 +82,18 @@ def test_the_summary_lists_each_accountant_once_and_explains_a_looser_bound_abov
     assert rows["privacy unit"] == PRIVACY_UNIT and "add/remove" in PRIVACY_UNIT
 
 
+def test_the_summary_names_the_sampling_clipping_and_noise_of_the_mechanism(tmp_path: Path) -> None:
+    """Banded noise with cyclic Poisson must not read as plain DP-SGD."""
+    ledger = _ledger(tmp_path, {"prv": 2.99}, 3.0)
+    ledger.data["mechanism"].update(
+        algorithm="DP-MF (banded matrix factorization)", sampling="cyclic_poisson",
+        sample_rate=0.0625, clipping="flat", max_grad_norm=1.0,
+        noise="correlated gaussian (banded Toeplitz)", noise_multiplier=1.25)
+    assert dict(privacy_rows(ledger))["mechanism"] == (
+        "DP-MF (banded matrix factorization): cyclic_poisson sampling (q = 0.0625), flat clipping "
+        "at C = 1, correlated gaussian (banded Toeplitz) noise with sigma = 1.25")
+
+
 def test_the_summary_flags_synthetic_data_and_fits_80_columns(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "80")

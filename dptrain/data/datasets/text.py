@@ -67,13 +67,58 @@ def read_table(path: str | Path, key: str) -> dict[str, list[Any]]:
     if not file.is_file():
         raise ConfigError(f"{key}={path} does not exist (relative paths start at the folder "
                           f"dptrain was started from): point {key} at the file.")
-    if kind == "csv":
-        frame = pd.read_csv(file, sep="\t" if file.suffix.lower() == ".tsv" else ",")
-    elif kind == "json":
-        frame = pd.read_json(file, lines=file.suffix.lower() == ".jsonl")
-    else:
-        frame = pd.read_parquet(file)
+    try:
+        frame = _read_frame(file, kind)
+    except pd.errors.EmptyDataError:
+        raise ConfigError(f"{key}={path} is empty (0 bytes): point {key} at a file with a header "
+                          f"line and one row per example.") from None
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{key}={path} is not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
+            f"{error.start}); dptrain reads text files as UTF-8 so that no character is silently "
+            f"changed. Re-save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8 IN > OUT`, or "
+            f"your spreadsheet's 'CSV UTF-8' format) and point {key} at it.") from None
+    if len(frame) == 0:
+        raise ConfigError(f"{key}={path} has no rows (only a header, or an empty list): point "
+                          f"{key} at a file with one row per example.")
     return {str(column): frame[column].tolist() for column in frame.columns}
+
+
+def _read_frame(file: Path, kind: str) -> Any:
+    """A pandas frame of `file`. A CSV's empty cells and words such as "NA", "null" or "nan" stay
+    the text they are (pandas would turn them into NaN, which str() makes the word "nan"); the
+    columns' use refuses empty cells (`present`)."""
+    import pandas as pd
+
+    if kind == "csv":
+        return pd.read_csv(file, sep="\t" if file.suffix.lower() == ".tsv" else ",",
+                           encoding="utf-8", keep_default_na=False)
+    if kind == "json":
+        return pd.read_json(file, lines=file.suffix.lower() == ".jsonl", encoding="utf-8")
+    return pd.read_parquet(file)
+
+
+def _missing(value: Any) -> bool:
+    """An empty cell: None, NaN (JSON null, a Parquet null) or a blank string."""
+    if value is None:
+        return True
+    if isinstance(value, float):
+        return value != value
+    return isinstance(value, str) and not value.strip()
+
+
+def present(values: list[Any], key: str, source: str) -> list[Any]:
+    """`values`, refused with a ConfigError naming `key`, the file and the row when a cell is
+    empty (it would be trained as the text "nan" or "None", or as nothing)."""
+    empty = [i for i, value in enumerate(values) if _missing(value)]
+    if empty:
+        rows = ", ".join(str(i + 1) for i in empty[:MAX_LISTED]) + (", ..." if len(empty) > MAX_LISTED else "")
+        raise ConfigError(
+            f"{key}: {source} has {len(empty)} empty cell(s) in that column, at data row(s) {rows} "
+            f"(row 1 is the first after the header). An empty cell would be trained as the text "
+            f"'nan' or as nothing: fill those cells or remove their rows from the file."
+        )
+    return values
 
 
 def column(table: dict[str, Any], name: str, key: str, source: str) -> list[Any]:
@@ -280,11 +325,12 @@ def load_text(
         key = f"dataset.{split}_file"
         table = read_table(path, key)
         source = f"{key}={path}"
-        texts = column(table, text_column, "dataset.text_column", source)
-        prompts = column(table, prompt_column, "dataset.prompt_column", source) \
-            if prompt_column is not None else None
-        labels = column(table, label_column, "dataset.label_column", source) \
-            if label_column is not None else None
+        texts = present(column(table, text_column, "dataset.text_column", source),
+                        "dataset.text_column", source)
+        prompts = present(column(table, prompt_column, "dataset.prompt_column", source),
+                          "dataset.prompt_column", source) if prompt_column is not None else None
+        labels = present(column(table, label_column, "dataset.label_column", source),
+                         "dataset.label_column", source) if label_column is not None else None
         keep = _cap(texts, max_samples, seed + offset)
         rows = [(None if prompts is None else str(prompts[i]), str(texts[i])) for i in keep]
         parts[split] = (rows, _take(labels, keep))
@@ -301,7 +347,7 @@ def user_codes(users: Sequence[Any], source: str) -> torch.Tensor:
     """int64 `[N]`: each row's user as a number, users numbered in order of first appearance
     (the values themselves, names or numbers, are kept out of the tensors). ConfigError naming
     dataset.user_column for a row without a user (an empty cell)."""
-    missing = [i for i, u in enumerate(users) if u is None or (isinstance(u, float) and u != u)]
+    missing = [i for i, u in enumerate(users) if _missing(u)]
     if missing:
         raise ConfigError(f"dataset.user_column: {source} has {len(missing)} row(s) without a user "
                           f"(the first is data row {missing[0] + 1}); user-level privacy needs "

@@ -201,3 +201,56 @@ def test_a_row_without_a_user_is_refused_naming_the_user_column(tokenizers: dict
     with pytest.raises(ConfigError, match="dataset.user_column.*1 row"):
         load_dataset("text", tokenizer=tokenizers["bert"], text_column="review",
                      train_file=str(path), user_column="author")
+
+
+# A file as a user hands it over: each bad file gets one paragraph naming the key and the fix.
+def test_an_empty_file_is_refused_naming_the_key(tokenizers: dict[str, str], tmp_path: Path) -> None:
+    path = tmp_path / "empty.csv"
+    path.write_bytes(b"")
+    with pytest.raises(ConfigError, match=r"dataset.train_file=.*empty.csv is empty \(0 bytes\)"):
+        load_dataset("text", tokenizer=tokenizers["bert"], train_file=str(path))
+
+
+def test_a_header_only_file_is_refused_naming_the_key(tokenizers: dict[str, str],
+                                                     tmp_path: Path) -> None:
+    path = tmp_path / "header.csv"
+    path.write_text("text,label\n")
+    with pytest.raises(ConfigError, match="dataset.train_file=.*has no rows"):
+        load_dataset("text", tokenizer=tokenizers["bert"], train_file=str(path))
+
+
+def test_a_latin1_file_is_refused_with_the_conversion_to_utf8(tokenizers: dict[str, str],
+                                                             tmp_path: Path) -> None:
+    path = tmp_path / "latin1.csv"
+    path.write_bytes("text,label\ncaf\u00e9 cr\u00e8me,1\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match="is not UTF-8 text.*byte 0xe9.*iconv"):
+        load_dataset("text", tokenizer=tokenizers["bert"], train_file=str(path))
+
+
+def test_an_empty_text_cell_is_refused_naming_its_row(tokenizers: dict[str, str],
+                                                      tmp_path: Path) -> None:
+    path = tmp_path / "gap.csv"
+    path.write_text("text,label\ngood film,1\n,0\nbad film,0\n")
+    with pytest.raises(ConfigError, match=r"dataset.text_column: .*gap.csv has 1 empty cell.*row\(s\) 2"):
+        load_dataset("text", tokenizer=tokenizers["bert"], train_file=str(path))
+
+
+def test_words_pandas_reads_as_missing_stay_text(tokenizers: dict[str, str], tmp_path: Path) -> None:
+    """'NA', 'null', 'None' and 'nan' are words of a review, not missing values."""
+    path = write_csv(tmp_path / "words.csv", [{"text": w, "label": 1} for w in ("NA", "null", "None", "nan")])
+    splits = load_dataset("text", tokenizer=tokenizers["bert"], train_file=str(path), max_len=6)
+    tok = __import__("transformers").AutoTokenizer.from_pretrained(tokenizers["bert"])
+    ids, _ = unpack_inputs(splits.train.features)
+    assert [tok.decode(row, skip_special_tokens=True) for row in ids] == \
+        [tok.decode(tok(w)["input_ids"], skip_special_tokens=True) for w in ("NA", "null", "None", "nan")]
+
+
+def test_a_model_folder_without_tokenizer_files_is_refused_naming_the_key(tmp_path: Path) -> None:
+    """transformers would build a 5-token tokenizer there: every word read as [UNK]."""
+    folder = save_tiny(tmp_path / "bert", "bert")
+    for path in folder.iterdir():
+        if path.name not in ("config.json", "model.safetensors"):
+            path.unlink()
+    with pytest.raises(ConfigError, match="dataset.tokenizer=.*holds no tokenizer.*save_pretrained"):
+        load_dataset("text", tokenizer=str(folder), train_file=str(_reviews(tmp_path)),
+                     text_column="review")
