@@ -147,10 +147,24 @@ def plot_run(series: Mapping[str, Series], path: Path | str, title: str = "",
 
 
 def _percent_axis(axis: Any) -> None:
-    """Show an axis of fractions (accuracies in [0, 1]) in percent."""
+    """Show an axis of fractions (accuracies in [0, 1]) in percent, with the decimals its ticks
+    need (ticks every half point read 94.5%, 95.0%: whole percents repeated labels)."""
     from matplotlib.ticker import PercentFormatter
 
-    axis.set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
+    class TickPercent(PercentFormatter):
+        def format_ticks(self, values: Sequence[float]) -> list[str]:
+            self.decimals = tick_decimals([100 * v for v in values])
+            return super().format_ticks(values)
+
+    axis.set_major_formatter(TickPercent(xmax=1.0, decimals=0))
+
+
+def tick_decimals(values: Sequence[float], most: int = 4) -> int:
+    """The fewest decimals (at most `most`) that write every one of `values` exactly."""
+    for decimals in range(most + 1):
+        if all(abs(v * 10 ** decimals - round(v * 10 ** decimals)) < 1e-6 for v in values):
+            return decimals
+    return most
 
 
 def _style(ax: Any, title: str, xlabel: str, ylabel: str = "") -> None:
@@ -345,8 +359,10 @@ def sweep_figure(points: Sequence[SweepPoint], title: str = "", delta: float | N
         ax.set_xlim(0, 1.2 * max(p.epsilon for p in private))
     _percent_axis(ax.yaxis)
     _style(ax, title, "epsilon" + (f" (delta = {delta:g})" if delta else ""), "test accuracy")
-    if note:
-        figure.suptitle("\n".join(textwrap.wrap(note, 90)), fontsize=FONT_SIZE)
+    if note:   # a line per part of the note, never a number alone on a line
+        figure.suptitle("\n".join(line for part in note.split("; ")
+                                  for line in textwrap.wrap(part, 90, break_on_hyphens=False)),
+                        fontsize=FONT_SIZE)
     return figure
 
 

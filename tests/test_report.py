@@ -226,3 +226,21 @@ def test_drawing_without_matplotlib_is_a_config_error_naming_pip_install(monkeyp
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(ConfigError, match="pip install matplotlib"):
         plot_sweep([], tmp_path / "x.png")
+
+
+def test_a_sweeps_accuracy_ticks_never_repeat_a_label():
+    """Accuracies within two points get half-point ticks: 94.5%, 95.0%, not 94%, 95%, 95%."""
+    points = [SweepPoint(str(i), f"sigma = {s}", e, a)
+              for i, (s, e, a) in enumerate([(2, 0.5, 0.941), (1, 1.1, 0.952), (0.5, 3.0, 0.961)])]
+    figure = sweep_figure(points)
+    figure.canvas.draw()
+    labels = [t.get_text() for t in figure.axes[0].get_yticklabels() if t.get_text()]
+    assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
+
+
+def test_the_sweep_note_puts_each_part_on_its_own_line_and_no_number_alone():
+    note = ("releasing the best job costs epsilon 12.34 at delta 1e-05: the 3 jobs composed (prv); "
+            "random stopping (truncated negative binomial, mean 4 trials, rdp): epsilon 8.123")
+    lines = sweep_figure([SweepPoint("0", "sigma = 1", 2.7, 0.75)], note=note)._suptitle.get_text().split("\n")
+    assert lines[0].startswith("releasing") and lines[-1].startswith("random stopping")
+    assert not any(line.replace(".", "").replace(" ", "").isdigit() for line in lines)

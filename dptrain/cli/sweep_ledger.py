@@ -311,17 +311,21 @@ def write_sweep_ledger(sweep_dir: Path | str) -> dict[str, Any]:
 
 def describe_cost(ledger: dict[str, Any], jobs: int) -> str:
     """One sentence: what releasing the best of `jobs` jobs costs, from a sweep ledger (or the
-    summary's `cost_of_best`): the table's caption, the plot's note."""
+    summary's `cost_of_best`): the table's caption, the plot's note (a line per "; " part).
+    Each figure is stated once."""
     def eps(cost: dict[str, Any]) -> str:
         value = cost.get("epsilon")
         return "unknown" if value is None else f"epsilon {float(value):.4g}"
 
     composed = ledger["cost"]["all_composed"]
     at = f" at delta {ledger['delta']:g}" if ledger["delta"] is not None else ""
-    parts = [f"releasing the best job costs {eps(ledger)}{at}",
-             f"{jobs} job{'s' if jobs != 1 else ''} composed ({composed['accountant']}): "
-             f"{eps(composed)}"]
+    all_jobs = f"{jobs} job{'s' if jobs != 1 else ''} composed ({composed['accountant']})"
     stopping = ledger["cost"].get("random_stopping")
+    if stopping is None or ledger.get("epsilon") == composed.get("epsilon"):
+        # the headline is the composed figure: said once, with where it comes from
+        parts = [f"releasing the best job costs {eps(ledger)}{at}: the {all_jobs}"]
+    else:
+        parts = [f"releasing the best job costs {eps(ledger)}{at}", f"{all_jobs}: {eps(composed)}"]
     if stopping is not None:
         label = stopping["distribution"].replace("_", " ")
         parts.append(f"random stopping ({label}, mean {stopping['mean_trials']:.3g} trials, rdp): "

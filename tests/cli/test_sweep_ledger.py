@@ -166,3 +166,12 @@ def test_a_shuffled_job_makes_the_cost_unknown_not_composed_as_poisson_steps(tmp
     cost = sweep_cost(tmp_path)
     assert cost["epsilon"] is None
     assert "job(s) 1 did not use Poisson sampling" in cost["cost"]["all_composed"]["reason"]
+
+
+def test_the_cost_sentence_states_each_figure_once(sweep):
+    from dptrain.cli.sweep_ledger import describe_cost
+
+    sweep_dir, _ = sweep
+    ledger = read_json(sweep_dir / SWEEP_LEDGER_FILENAME)
+    text = describe_cost(ledger, 2)
+    assert text.count(f"{ledger['epsilon']:.4g}") == 1 and "2 jobs composed" in text
