@@ -21,6 +21,7 @@ are collective themselves (every rank sees the same outcome).
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -264,7 +265,15 @@ def setup_from_env(settings: DDPSettings, env: Mapping[str, str] | None = None) 
         if name in env:
             os.environ[name] = env[name]
     _init_process_group(backend, rank, world, settings)
+    quiet_other_ranks(rank)
     return rank, world
+
+
+def quiet_other_ranks(rank: int) -> None:
+    """On a rank other than 0, dptrain's loggers pass warnings and errors only: rank 0 tells the
+    run's progress (every process printed its own copy of each epoch line)."""
+    if rank != 0:
+        logging.getLogger("dptrain").setLevel(logging.WARNING)
 
 
 def check_not_launched_without_ddp(env: Mapping[str, str] | None = None) -> None:

@@ -3,6 +3,7 @@ the test process itself). Each worker writes its observations to `out_dir/rank{r
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -241,7 +242,10 @@ def errors_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
         "nccl": _error_of(lambda: setup_from_env(DDPSettings(world_size, backend="nccl"), env)),
         "world": _error_of(lambda: setup_from_env(DDPSettings(world_size + 1), env)),
     }
+    logging.getLogger().setLevel(logging.INFO)   # as the command configures it
     setup_from_env(good, env)
+    out["logs_progress"] = logging.getLogger("dptrain.train").isEnabledFor(logging.INFO)
+    out["logs_warnings"] = logging.getLogger("dptrain.train").isEnabledFor(logging.WARNING)
     out["config"] = _error_of(lambda: check_same_config({"train": {"epochs": 1 + rank}, "seed": 0}))
     out["same_config"] = _error_of(lambda: check_same_config({"train": {"epochs": 1}}))
     out["node_local_root"] = _error_of(lambda: check_same_config({"dataset": {"root": f"/n{rank}"}}))

@@ -36,6 +36,12 @@ def rank_errors(tmp_path_factory) -> list[dict]:
     return results
 
 
+def test_only_rank_0_logs_the_runs_progress_and_every_rank_its_warnings(rank_errors):
+    """Each epoch line once, not once per process."""
+    assert [r["logs_progress"] for r in rank_errors] == [True, False]
+    assert [r["logs_warnings"] for r in rank_errors] == [True, True]
+
+
 #: A parent job's Hydra config as HydraConfig.get() holds it (the keys hydra_relaunch_args reads).
 PARENT_HYDRA = {
     "runtime": {"cwd": "/home/me/project", "config_sources": [
