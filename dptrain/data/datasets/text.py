@@ -28,7 +28,13 @@ from typing import Any, Sequence
 
 import torch
 
-from dptrain.data.datasets.base import ArrayDataset, DatasetSplits, download_failed, require_files
+from dptrain.data.datasets.base import (
+    ArrayDataset,
+    DatasetSplits,
+    download_failed,
+    refuse_non_finite,
+    require_files,
+)
 from dptrain.errors import ConfigError
 from dptrain.losses import IGNORE_INDEX
 from dptrain.models.hf import pack_inputs
@@ -285,6 +291,10 @@ def load_text(
             if prompt_column is not None else None
         labels = column(table, label_column, "dataset.label_column", source) \
             if label_column is not None else None
+        for name, cells in ((text_column, texts), (prompt_column, prompts)):
+            if cells is not None:  # before the cap: the rows are the file's
+                refuse_non_finite(cells, source,
+                                  lambda i, name=name: f"data row {i + 1}, column {name!r},")
         keep = _cap(texts, max_samples, seed + offset)
         rows = [(None if prompts is None else str(prompts[i]), str(texts[i])) for i in keep]
         parts[split] = (rows, _take(labels, keep))
