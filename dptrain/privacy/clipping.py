@@ -18,9 +18,10 @@ squared norm is not finite for some parameter (a NaN or inf feature, an overflow
 backward) is excluded: its norm counts as +inf in every parameter, its factor is exactly 0, and
 the source drops its values from the sums (a zero weight is a strong zero, see
 `PerSampleSource.weighted_sum`: 0 * NaN would be NaN); adaptive clipping's count leaves it out
-(u = 0, within the |u| <= 1/2 of its sensitivity). The step is then the one the batch without it
-gives: the example reveals nothing, not even that it was sampled. How many were excluded is a
-statistic of the training data, for the private metrics only (`Clipper.pop_excluded`).
+(u = 0, within the |u| <= 1/2 of its sensitivity). The released step is then the one the batch
+without it gives (same noise): it does not reveal that the example was sampled. How many were
+excluded is a statistic of the training data, for the private metrics only
+(`Clipper.pop_excluded`).
 
 Precision: norms, clip factors and clipped sums are formed in float32 for 16-bit (bf16, fp16)
 parameters, in the parameters' dtype otherwise (`norm_dtype`). In 16 bits each rounding is up to
@@ -118,7 +119,8 @@ def finite_samples(squared: dict[nn.Parameter, Tensor]) -> Tensor:
 
 def excluded_as_infinite(squared: dict[nn.Parameter, Tensor], kept: Tensor) -> dict[nn.Parameter, Tensor]:
     """`squared` ({p: Tensor[B]}) with +inf for every parameter of the samples not `kept`: each
-    clipping mode then gives them a factor of 0 and counts them as clipped."""
+    clipping mode then gives them a factor of 0 (and adaptive clipping leaves them out of its
+    count)."""
     return {p: sq.masked_fill(~kept.to(sq.device), math.inf) for p, sq in squared.items()}
 
 

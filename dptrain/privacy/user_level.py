@@ -121,7 +121,7 @@ class UserMeanSource:
 
     def weighted_sum(self, weights: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
         """A user with a zero weight (a non-finite mean: one of its examples' gradients is not
-        finite) is left out, its mean unread (`ghost_math.dropped_samples`)."""
+        finite) is left out: its mean never reaches the sum (`ghost_math.dropped_samples`)."""
         dropped = dropped_samples(weights)
         return {p: weighted_sample_sum(m, weights[p], dropped) for p, m in self.means.items()}
 

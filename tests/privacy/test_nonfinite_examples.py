@@ -52,7 +52,22 @@ class ConvNet(nn.Module):
         return self.head(torch.tanh(self.conv(x)).flatten(1))
 
 
-MODELS = {"sequence": (SequenceNet, (4, 3)), "conv": (ConvNet, (2, 6))}
+class EmbeddingNet(nn.Module):
+    """[B, 4] -> [B, 2]: token ids (columns 0-2, as floats) through an Embedding (ghost: its rules),
+    scaled by the example's own float feature (column 3, the one a NaN poisons), then a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(5, 3)
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = x[:, :3].abs().mul(2).long().clamp(max=4)
+        return self.head((self.embedding(ids) * x[:, 3:, None]).sum(dim=1))
+
+
+MODELS = {"sequence": (SequenceNet, (4, 3)), "conv": (ConvNet, (2, 6)),
+          "embedding": (EmbeddingNet, (4,))}
 SOURCES = {
     "hooks": lambda m: GradSampleModule(m, loss_reduction="sum"),
     "ghost": lambda m: GhostClippingModule(m, loss_reduction="sum", strategy="ghost"),
@@ -64,7 +79,7 @@ SOURCES = {
 def _batch(model: str, dtype: torch.dtype, poison: float) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(BATCH, *MODELS[model][1], generator=gen).to(dtype)
-    x[BAD].view(-1)[1] = poison
+    x[BAD].view(-1)[-1] = poison   # the last feature (the embedding model's scale)
     return x, torch.randint(0, 2, (BATCH,), generator=gen)
 
 
