@@ -202,7 +202,7 @@ def non_finite_row(values: torch.Tensor | Sequence[Any]) -> int | None:
 
 
 def refuse_non_finite(values: torch.Tensor | Sequence[Any], source: str,
-                      row_name: Callable[[int], str] = lambda i: f"row {i}") -> None:
+                      row_name: Callable[[int], str] = lambda i: f"example {i} (0-based)") -> None:
     """ConfigError naming `source` and the first row of `values` (`non_finite_row`) that holds a
     NaN or infinite input, with the fix; nothing when every row is finite.
 

@@ -57,8 +57,8 @@ def test_dataset_splits_with_a_non_finite_feature_are_refused_naming_the_dataset
     features[3, 1, 2] = math.inf
     train = ArrayDataset(features, torch.zeros(5))
     test = ArrayDataset(torch.zeros(2, 2, 3), torch.zeros(2))
-    with pytest.raises(ConfigError, match=r"dataset 'tabular' \(train split\): row 3 holds a NaN "
-                                          "or infinite value"):
+    with pytest.raises(ConfigError, match=r"dataset 'tabular' \(train split\): example 3 "
+                                          r"\(0-based\) holds a NaN or infinite value"):
         DatasetSplits("tabular", train, test, num_classes=2)
 
 
