@@ -10,7 +10,10 @@ that owns it. A parameter used elsewhere (``self.fc.weight @ x`` in a parent's f
 - the first backward with per-sample gradients: for every parameter, the per-sample gradients
   summed over the batch (times 1/B for a mean-reduced loss) must equal the gradient autograd
   computed in that backward, which also catches a parameter used both inside and outside its
-  module. Costs one sum over the batch per parameter, once.
+  module. Costs one sum over the batch per parameter, once. A backward whose gradients are not
+  all finite (an example with a NaN or inf input, which clipping leaves out) cannot be checked
+  this way: the check moves to the next backward, so that such an example never makes a step fail
+  (the failure would reveal that it was sampled).
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ _OUTSIDE_USE = (
     "`self.fc.weight @ x` in a parent's forward: call `self.fc(x)` instead, or move the parameter "
     "into a module of its own whose forward uses it), or when that module ran in eval mode."
 )
+
+
+def _finite(t: Tensor | None) -> bool:
+    """Whether every entry of `t` is finite (None: nothing to compare, finite)."""
+    return t is None or bool(torch.isfinite(t).all())
 
 
 def _tolerance(dtype: torch.dtype) -> float:
@@ -88,6 +96,8 @@ class BackwardAudit:
             )
         if not (self.verify_sums and sums):
             return
+        if not all(_finite(t) and _finite(received.get(k)) for k, t in sums.items()):
+            return  # NaN - NaN proves nothing: check the next backward instead
         self.verify_sums = False
         floor = max((torch.linalg.vector_norm(g).item() for g in received.values() if g is not None), default=0.0)
         wrong = [

@@ -54,7 +54,14 @@ from torch.utils._pytree import tree_leaves
 
 from dptrain.errors import ConfigError, UnsupportedModuleError
 from dptrain.grad_sample import ghost_conv, ghost_embedding, ghost_linear, ghost_normalization  # noqa: F401
-from dptrain.grad_sample.ghost_math import norm_dtype, sq_norms, summed_upper_bound, weighted_sample_sum
+from dptrain.grad_sample.ghost_math import (
+    dropped_samples,
+    norm_dtype,
+    sq_norms,
+    summed_upper_bound,
+    weighted_sample_sum,
+    without_rows,
+)
 from dptrain.grad_sample.ghost_registry import (
     Use,
     get_clipped_sum,
@@ -435,18 +442,28 @@ class GhostClippingModule(GradSampleModule):
         which are freed as soon as the layer's sum is formed (so the peak memory holds the stored
         A and G or the sums, not both in full): call it once per backward, after
         :meth:`squared_norms`; instantiated layers: one weighted sum of their per-sample gradients.
+        A sample with a zero weight is left out: its rows of A and G (or of its per-sample
+        gradients) are zeroed before they meet the weights, so that even NaN values never reach
+        the sums (:func:`~dptrain.grad_sample.ghost_math.dropped_samples`).
         """
         _check_weight_shapes(weights, self.per_sample_batch_size())
         self._settle()
         sums: dict[nn.Parameter, Tensor] = {}
-        for _, block_sums in self._block_sums(weights):
+        for _, block_sums in self._block_sums(weights, dropped_samples(weights)):
             for p, value in block_sums.items():
                 sums[p] = value if p not in sums else sums[p] + value
         return {p: sums[p] if p in sums else torch.zeros_like(p, dtype=norm_dtype(p)) for p in weights}
 
-    def _block_sums(self, weights: dict[nn.Parameter, Tensor]) -> Iterator[tuple[int, dict[nn.Parameter, Tensor]]]:
-        """``(block, {param: weighted sum})`` from every ghost entry and instantiated block."""
+    def _block_sums(self, weights: dict[nn.Parameter, Tensor],
+                    dropped: Optional[Tensor]) -> Iterator[tuple[int, dict[nn.Parameter, Tensor]]]:
+        """``(block, {param: weighted sum})`` from every ghost entry and instantiated block,
+        leaving out the ``dropped`` samples (``Tensor[B]`` bool over all blocks, or None)."""
         offsets = self._block_offsets()
+
+        def dropped_in(block: int) -> Optional[Tensor]:
+            start, count = offsets[block]
+            return None if dropped is None else dropped[start : start + count]
+
         scaled: dict[tuple[int, int], Tensor] = {}  # flat clipping passes one tensor for all params
 
         def rows(block: int, w: Tensor) -> Tensor:
@@ -459,24 +476,33 @@ class GhostClippingModule(GradSampleModule):
         for (block, _), entry in self._ghost.items():
             own = {p: rows(block, weights[p]) for p in entry.layer.parameters(recurse=False) if p in weights}
             if own:
-                yield block, self._entry_sums(entry, own)
+                yield block, self._entry_sums(entry, own, dropped_in(block))
             entry.release()
         for block, grads in self._instantiated.items():
-            yield block, {p: weighted_sample_sum(g, rows(block, weights[p])) for p, g in grads.items() if p in weights}
+            yield block, {p: weighted_sample_sum(g, rows(block, weights[p]), dropped_in(block))
+                          for p, g in grads.items() if p in weights}
 
-    def _entry_sums(self, entry: _GhostEntry, weights: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
+    def _entry_sums(self, entry: _GhostEntry, weights: dict[nn.Parameter, Tensor],
+                    dropped: Optional[Tensor]) -> dict[nn.Parameter, Tensor]:
         """``{param: sum_i w_i grad_i}`` of one ghost entry: its layer's clipped-sum rule, else
-        one reweighted backward of the layer re-run on its recorded inputs (one use only)."""
+        one reweighted backward of the layer re-run on its recorded inputs (one use only).
+
+        The ``dropped`` samples' rows (``Tensor[B_block]`` bool, or None) are zeroed in A and G,
+        and in the re-run's inputs: ``0 * NaN`` is NaN, so a zero weight alone would not keep a
+        non-finite sample out of the sum.
+        """
         rule = get_clipped_sum(entry.layer)
         if rule is not None:
-            activations, backprops = self._merged_use(entry)
+            activations, backprops = without_rows(self._merged_use(entry), dropped)
             return rule(entry.layer, activations, backprops, weights)
         ((_, backprops),) = entry.uses  # no use merger: one use per block (else instantiated)
         call = entry.call
+        args, kwargs = without_rows((call.args, call.kwargs), dropped, self._batch_dim)
         self._capture_paused = True  # the re-run must not be recorded as a new call
         try:
             return vjp_clipped_sums(
-                call.layer, call.args, call.kwargs, call.out_leaves[0], backprops, weights, self._batch_dim
+                call.layer, args, kwargs, call.out_leaves[0], without_rows(backprops, dropped), weights,
+                self._batch_dim,
             )
         finally:
             self._capture_paused = False

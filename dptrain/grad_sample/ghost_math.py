@@ -58,11 +58,12 @@ the sum of its entries, :func:`gram_bounds` with ``A A^T`` all ones).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Optional
+from collections.abc import Callable, Mapping
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
+from torch.utils._pytree import tree_map
 
 from dptrain.grad_sample.workspace import sample_chunks
 
@@ -554,16 +555,57 @@ def weighted_bias_sum(backprops: Tensor, weights: Tensor) -> Tensor:
     return (weights.to(g.dtype) @ g.reshape(batch, positions * width)).view(positions, width).sum(dim=0)
 
 
-def weighted_sample_sum(per_sample: Tensor, weights: Tensor) -> Tensor:
+def dropped_samples(weights: Mapping[Any, Tensor]) -> Optional[Tensor]:
+    """The samples a weighted sum leaves out: ``Tensor[B]`` bool, True where a sample's weight is
+    0 for some parameter; None when no weight is 0 (the usual case: nothing to do).
+
+    A zero weight is a strong zero: the sample's values never reach the sum, since ``0 * NaN`` and
+    ``0 * inf`` are NaN (:mod:`dptrain.privacy.clipping` gives a sample whose gradient is not
+    finite the factor 0). One wait for the accelerator per call, not per parameter.
+    """
+    distinct = list({id(w): w for w in weights.values()}.values())
+    if not distinct:
+        return None
+    device = distinct[0].device
+    zero = torch.stack([(w == 0).to(device) for w in distinct]).any(dim=0)
+    return zero if bool(zero.any()) else None
+
+
+def without_rows(value: Any, dropped: Optional[Tensor], dim: int = 0) -> Any:
+    """``value`` (a tensor, or tensors in lists, tuples, dicts) with the rows of the ``dropped``
+    samples (``Tensor[B]`` bool, from :func:`dropped_samples`) zeroed at the batch dimension ``dim``
+    in every floating tensor that has ``B`` rows there; a copy only where something is dropped.
+
+    Integer tensors (token ids) are finite and stay as they are; so does everything when
+    ``dropped`` is None.
+    """
+    if dropped is None:
+        return value
+
+    def zeroed(t: Any) -> Any:
+        if not (isinstance(t, Tensor) and t.is_floating_point() and t.dim() > dim
+                and t.shape[dim] == dropped.numel()):
+            return t
+        shape = [1] * t.dim()
+        shape[dim] = -1
+        return t.masked_fill(dropped.to(t.device).view(shape), 0)
+
+    return tree_map(zeroed, value)
+
+
+def weighted_sample_sum(per_sample: Tensor, weights: Tensor, dropped: Optional[Tensor] = None) -> Tensor:
     """``sum_i w_i X_i`` for per-sample tensors: ``[B, *shape]``, ``[B]`` -> ``shape`` (norm dtype).
 
     A matrix-vector product per chunk of :func:`promoted_rows`, accumulated in float32 for 16-bit
     tensors: a 16-bit result would round each sample's clipped contribution (by up to 2^-8 of it in
-    bf16), above the clipping bound.
+    bf16), above the clipping bound. The rows of the ``dropped`` samples (``Tensor[B]`` bool, see
+    :func:`dropped_samples`) are zeroed first (their values may be NaN); None: every row counts.
     """
     total = None
     start = 0
     for rows in promoted_rows(per_sample):
+        if dropped is not None:
+            rows = without_rows(rows, dropped[start : start + rows.shape[0]])
         part = weights[start : start + rows.shape[0]].to(rows.dtype) @ rows
         total = part if total is None else total.add_(part)
         start += rows.shape[0]

@@ -69,7 +69,7 @@ from dptrain.grad_sample.audit import BackwardAudit
 from dptrain.grad_sample.batch import check_batch_dim, pass_batch_size
 from dptrain.grad_sample.broadcast import BatchProvenance, broadcast_inputs, broadcast_output, broadcast_rule
 from dptrain.grad_sample.functorch import functorch_grad_samples
-from dptrain.grad_sample.ghost_math import norm_dtype, sq_norms, weighted_sample_sum
+from dptrain.grad_sample.ghost_math import dropped_samples, norm_dtype, sq_norms, weighted_sample_sum
 from dptrain.grad_sample.registry import get_grad_sampler
 from dptrain.layers import DPMultiheadAttention, DPRNNBase
 from dptrain.validation import ModuleValidator
@@ -746,22 +746,22 @@ class GradSampleModule(nn.Module):
         One matrix-vector product per parameter on a view of ``p.grad_sample``: nothing larger than
         the result is allocated (16-bit parameters: their rows are converted to float32 by chunks,
         each at most the result's size or 16 MiB, see
-        :func:`~dptrain.grad_sample.ghost_math.weighted_sample_sum`).
+        :func:`~dptrain.grad_sample.ghost_math.weighted_sample_sum`). A sample with a zero weight
+        is left out: its values never reach the sum, even NaN ones
+        (:func:`~dptrain.grad_sample.ghost_math.dropped_samples`).
         """
         batch = self.per_sample_batch_size()
-        sums = {}
+        captured = {p: getattr(p, "grad_sample", None) for p in weights}
         for p, w in weights.items():
-            gs = getattr(p, "grad_sample", None)
-            if gs is None:
-                sums[p] = torch.zeros_like(p, dtype=norm_dtype(p))
-                continue
-            if w.shape != (batch,):
+            if captured[p] is not None and w.shape != (batch,):
                 raise ConfigError(
                     f"weighted_sum(weights): the weights of a parameter of shape {tuple(p.shape)} "
                     f"have shape {tuple(w.shape)}; expected ({batch},), one weight per sample."
                 )
-            sums[p] = weighted_sample_sum(gs.reshape(batch, -1), w).view(p.shape)
-        return sums
+        dropped = dropped_samples({p: w for p, w in weights.items() if captured[p] is not None})
+        return {p: torch.zeros_like(p, dtype=norm_dtype(p)) if gs is None
+                else weighted_sample_sum(gs.reshape(batch, -1), weights[p], dropped).view(p.shape)
+                for p, gs in captured.items()}
 
     def refuse_uncaptured_gradients(self) -> None:
         """For a step that found no per-sample gradients: raise UnsupportedModuleError when the

@@ -13,6 +13,16 @@ For a chunk of B samples with per-sample gradients g_b (over all parameters p):
 * adaptive: flat clipping whose C follows a target quantile of the per-sample norms, estimated
   privately; see `AdaptiveClipper`.
 
+Non-finite examples (`finite_samples`, applied by `Clipper.clip` for every mode): a sample whose
+squared norm is not finite for some parameter (a NaN or inf feature, an overflow in its forward or
+backward) is excluded: its norm counts as +inf in every parameter, its factor is exactly 0, and
+the source drops its values from the sums (a zero weight is a strong zero, see
+`PerSampleSource.weighted_sum`: 0 * NaN would be NaN); adaptive clipping's count leaves it out
+(u = 0, within the |u| <= 1/2 of its sensitivity). The released step is then the one the batch
+without it gives (same noise): it does not reveal that the example was sampled. How many were
+excluded is a statistic of the training data, for the private metrics only
+(`Clipper.pop_excluded`).
+
 Precision: norms, clip factors and clipped sums are formed in float32 for 16-bit (bf16, fp16)
 parameters, in the parameters' dtype otherwise (`norm_dtype`). In 16 bits each rounding is up to
 2^-8 (bf16) or 2^-11 (fp16) of the value, so a 16-bit norm, factor or sum lifts one sample's
@@ -55,7 +65,10 @@ class PerSampleSource(Protocol):
 
     def squared_norms(self) -> dict[nn.Parameter, Tensor]: ...
 
-    def weighted_sum(self, weights: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]: ...
+    def weighted_sum(self, weights: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
+        """sum_b weights[p][b] * g_b(p); a sample with a zero weight contributes nothing, its
+        values (NaN or inf included) never reach the sum
+        (`dptrain.grad_sample.ghost_math.dropped_samples`)."""
 
     def clear_per_sample(self) -> None: ...
 
@@ -94,6 +107,23 @@ def check_width(source: PerSampleSource, method: str, values: dict[nn.Parameter,
                 f"(dptrain.grad_sample.ghost_math.norm_dtype).")
 
 
+def finite_samples(squared: dict[nn.Parameter, Tensor]) -> Tensor:
+    """Tensor[B] bool: the samples whose squared norms are finite for every parameter.
+
+    THE rule of non-finite examples (see the module docstring): the others are excluded from the
+    clipped sum. The squared norms are added in float64 (no float32 sum can overflow there), so a
+    sample is kept exactly when its squared total norm is finite.
+    """
+    return torch.isfinite(torch.stack([t.double() for t in squared.values()]).sum(dim=0))
+
+
+def excluded_as_infinite(squared: dict[nn.Parameter, Tensor], kept: Tensor) -> dict[nn.Parameter, Tensor]:
+    """`squared` ({p: Tensor[B]}) with +inf for every parameter of the samples not `kept`: each
+    clipping mode then gives them a factor of 0 (and adaptive clipping leaves them out of its
+    count)."""
+    return {p: sq.masked_fill(~kept.to(sq.device), math.inf) for p, sq in squared.items()}
+
+
 def clip_factors(norms: Tensor, bound: float) -> Tensor:
     """min(1, bound' / norm) for each sample, bound' = bound minus a few ulps; Tensor[B] like
     `norms` (see SAFETY_ULPS)."""
@@ -119,15 +149,31 @@ class Clipper(ABC):
         """Clipped per-parameter sums of the source's current chunk: {p: Tensor[*p.shape]} in
         `norm_dtype(p)` or wider (float32 for 16-bit parameters).
 
-        The factors go to the source as they are (float32/64): rounded to a 16-bit parameter's
-        dtype they could round up. Raises PrivacyError when the source returns norms or sums
-        narrower than `norm_dtype(p)` (see `check_width`).
+        A sample with a non-finite norm gets a factor of exactly 0 and no place in the sums
+        (`finite_samples`; counted for `pop_excluded`). The factors go to the source as they are
+        (float32/64): rounded to a 16-bit parameter's dtype they could round up. Raises
+        PrivacyError when the source returns norms or sums narrower than `norm_dtype(p)` (see
+        `check_width`).
         """
         squared = source.squared_norms()
         check_width(source, "squared_norms", squared)
-        sums = source.weighted_sum(self.factors(squared))
+        kept = finite_samples(squared)
+        self.excluded = self.excluded + (~kept).sum()  # a tensor: no wait for the accelerator
+        factors = self.factors(excluded_as_infinite(squared, kept))
+        # 0, not whatever a factors() override makes of an infinite norm
+        sums = source.weighted_sum({p: f.masked_fill(~kept.to(f.device), 0.0) for p, f in factors.items()})
         check_width(source, "weighted_sum", sums)
         return sums
+
+    #: Samples of the logical batch being clipped that were excluded for a non-finite norm
+    #: (an int or a 0-dim tensor): private, like every statistic of the training data.
+    excluded: Tensor | int = 0
+
+    def pop_excluded(self) -> Tensor | int:
+        """The samples excluded since the last call (`excluded`: a 0-dim tensor, or 0), which is
+        reset to 0; taken once per step by the optimizer (for the private metrics only)."""
+        count, self.excluded = self.excluded, 0
+        return count
 
     def gradient_noise_multiplier(self, noise_multiplier: float) -> float:
         """The sigma applied to the gradient sum, given the accounted sigma (equal by default)."""
@@ -138,6 +184,7 @@ class Clipper(ABC):
 
     def reset_accumulation(self) -> None:
         """Forget statistics gathered from an abandoned logical batch (adaptive: the count)."""
+        self.excluded = 0
 
     def state_dict(self) -> dict[str, Any]:
         return {"name": self.name}
@@ -247,7 +294,9 @@ class AdaptiveClipper(FlatClipper):
     def factors(self, squared: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
         norms = total_norms(squared)
         unclipped = float((norms <= self._bound).sum())
-        self.centred_count += unclipped - 0.5 * norms.numel()  # sum of 1[norm <= C] - 1/2
+        # sum of 1[norm <= C] - 1/2 over the samples present: an excluded one (+inf, see
+        # Clipper.clip) adds 0, as if it had not been sampled (|u| <= 1/2 still)
+        self.centred_count += unclipped - 0.5 * float(torch.isfinite(norms).sum())
         factor = clip_factors(norms, self._bound)
         return {p: factor for p in squared}
 
@@ -277,6 +326,7 @@ class AdaptiveClipper(FlatClipper):
         self.reset_accumulation()
 
     def reset_accumulation(self) -> None:
+        super().reset_accumulation()
         self.centred_count = 0.0
 
     def state_dict(self) -> dict[str, Any]:

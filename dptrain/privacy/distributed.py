@@ -25,7 +25,8 @@ Cost: the all-reduce carries 2x the parameters (S and Z) when sigma > 0, 1x when
 
 Adaptive clipping: the unclipped counts of the ranks are summed in the same all-reduce, and the
 count noise is drawn by rank 0 and shared (a one-number all-reduce), so the bound stays equal on
-every rank.
+every rank. So are the examples each rank left out for a non-finite gradient
+(`DPOptimizer.excluded_examples`, for the private metrics).
 """
 
 from __future__ import annotations
@@ -101,6 +102,23 @@ class DistributedDPOptimizer(DPOptimizer):
             dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
         return flat
 
+    def _step_counts(self, device: torch.device) -> Tensor:
+        """This rank's counts of the step, summed over the ranks with its clipped sums:
+        Tensor[1 or 2] float64, the examples excluded for a non-finite gradient, then adaptive
+        clipping's centred unclipped count (adaptive only)."""
+        counts = [torch.as_tensor(self.excluded_examples, dtype=torch.float64, device=device)]
+        if hasattr(self.clipper, "centred_count"):
+            counts.append(torch.tensor(float(self.clipper.centred_count), dtype=torch.float64,
+                                       device=device))
+        return torch.stack(counts)
+
+    def _take_step_counts(self, summed: Tensor) -> None:
+        """Keep the counts of every rank (`_step_counts` summed over the ranks); the excluded
+        examples stay a tensor (a copy: a view would keep the all-reduced buffer alive)."""
+        self.excluded_examples = summed[0].round().to(torch.int64)
+        if hasattr(self.clipper, "centred_count"):
+            self.clipper.centred_count = float(summed[1])
+
     def _combine_clipped_sums(self, sums: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
         """All-reduce the clipped sums {p: Tensor[*p.shape]} with rank 0's noise (see module doc).
 
@@ -115,15 +133,11 @@ class DistributedDPOptimizer(DPOptimizer):
             noises = [super(DistributedDPOptimizer, self)._noise(p, std) if self.rank == 0
                       else torch.zeros_like(p, dtype=_flat_dtype([p])) for p in params]
             pieces += [n.reshape(-1) for n in noises]
-        counts = hasattr(self.clipper, "centred_count")  # adaptive clipping: sum over ranks
         device = params[0].device if params else torch.device("cpu")
-        if counts:
-            pieces.append(torch.tensor([float(self.clipper.centred_count)], device=device))
+        counts = self._step_counts(device)  # summed in the same all-reduce
         dtype = _flat_dtype(params)
-        flat = self._all_reduce(torch.cat([t.to(dtype) for t in pieces]) if pieces
-                                else torch.zeros(0, dtype=dtype, device=device))
-        if counts:
-            self.clipper.centred_count = float(flat[-1])
+        flat = self._all_reduce(torch.cat([t.to(dtype) for t in [*pieces, counts]]))
+        self._take_step_counts(flat[flat.numel() - counts.numel():])
         sizes = [p.numel() for p in params]
         total = sum(sizes)
         combined = {p: c.view_as(p).to(norm_dtype(p)) for p, c in zip(params, flat[:total].split(sizes))}
@@ -156,8 +170,8 @@ class ShardedDPOptimizer(DistributedDPOptimizer):
     collective per parameter: the global clipped sum of this rank's rows, never the whole sum on
     one rank), and `_noise` draws N(0, std^2) for this rank's rows alone from this rank's stream
     (`ShardNoise`): every element is noised once per step, by the rank holding it, with the std of
-    the base class, and the ranks' draws are independent. Adaptive clipping's count is summed and
-    its noise shared as in `DistributedDPOptimizer`.
+    the base class, and the ranks' draws are independent. Adaptive clipping's count (and the count
+    of excluded examples) is summed and its noise shared as in `DistributedDPOptimizer`.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -182,11 +196,8 @@ class ShardedDPOptimizer(DistributedDPOptimizer):
             full = (torch.zeros(p.shape, dtype=norm_dtype(p), device=p.device)
                     if _is_distributed_tensor(local) else local)
             combined[p] = as_sharded(p, reduce_scatter_rows(full, p).to(norm_dtype(p)))
-        if hasattr(self.clipper, "centred_count"):  # adaptive clipping: sum over ranks
-            device = self.params[0].device if self.params else torch.device("cpu")
-            count = torch.tensor([float(self.clipper.centred_count)], dtype=torch.float64,
-                                 device=device)
-            self.clipper.centred_count = float(self._all_reduce(count)[0])
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self._take_step_counts(self._all_reduce(self._step_counts(device)))
         self._step_generator = self._shard_noise.next_generator(self.noise_generator)
         return combined
 

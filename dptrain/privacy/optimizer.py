@@ -310,6 +310,11 @@ class DPOptimizer(Optimizer):
                 "one logical batch. Use dptrain.BatchMemoryManager to split a logical batch into "
                 "physical chunks.")
 
+    #: Examples of the last real step left out for a gradient that is not finite (a 0-dim tensor
+    #: or 0; users at user level; summed over the ranks under DDP and FSDP): a statistic of the
+    #: training data that epsilon does not cover, for the private metrics only.
+    excluded_examples: Tensor | int = 0
+
     def _combine_clipped_sums(self, sums: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
         """The reduction point between clipping and noise: identity on one process.
 
@@ -379,6 +384,7 @@ class DPOptimizer(Optimizer):
         self._check_new_batch()
         self._use_sampled_rate()
         try:
+            self.excluded_examples = self.clipper.pop_excluded()  # (ranks: summed when combined)
             self._write_noisy_gradients()
             result = self.original_optimizer.step()
             #: (sigma, q) of the step just taken: what the accountant hook charges for it

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.grad_sample.ghost import GhostClippingModule
-from dptrain.grad_sample.ghost_math import norm_dtype, sq_norms
+from dptrain.grad_sample.ghost_math import dropped_samples, norm_dtype, sq_norms, weighted_sample_sum
 from dptrain.grad_sample.module import GradSampleModule
 from dptrain.privacy.clipping import Clipper, PerSampleSource, ScalarNoise
 
@@ -122,8 +122,10 @@ class UserMeanSource:
         return {p: sq_norms(m.reshape(users, -1)) for p, m in self.means.items()}
 
     def weighted_sum(self, weights: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
-        return {p: torch.tensordot(weights[p].to(m.dtype), m, dims=1)
-                for p, m in self.means.items()}
+        """A user with a zero weight (a non-finite mean: one of its examples' gradients is not
+        finite) is left out: its mean never reaches the sum (`ghost_math.dropped_samples`)."""
+        dropped = dropped_samples(weights)
+        return {p: weighted_sample_sum(m, weights[p], dropped) for p, m in self.means.items()}
 
     def clear_per_sample(self) -> None:
         self.means = {}
@@ -236,6 +238,10 @@ class UserLevelClipper(Clipper):
     def reset_accumulation(self) -> None:
         self.inner.reset_accumulation()
         self._carry = {}
+
+    def pop_excluded(self) -> Tensor | int:
+        """Users excluded for a non-finite mean (the inner clipper counts them)."""
+        return self.inner.pop_excluded()
 
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()

@@ -48,6 +48,8 @@ class Tally:
     has_accuracy: bool = True
     token_nll: torch.Tensor | float = 0.0
     tokens: torch.Tensor | int = 0
+    #: examples left out of the clipped sums for a gradient that is not finite (private)
+    nonfinite: torch.Tensor | int = 0
 
     def add(self, loss: torch.Tensor, output: torch.Tensor, target: torch.Tensor) -> None:
         n = int(target.shape[0])

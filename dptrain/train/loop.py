@@ -245,6 +245,7 @@ class Trainer:
                 return int(x.shape[0])
 
             private_step(job.optimizer, batch, chunk, forward_backward)
+            tally.nonfinite = tally.nonfinite + job.optimizer.excluded_examples
             return
         job.optimizer.zero_grad(set_to_none=True)
         x, y = to_device(batch, job.device)
@@ -325,11 +326,14 @@ class Trainer:
 
     def _log(self, tally: Tally, evaluated: bool) -> dict[str, Any]:
         """The epoch's metrics record, sent to the loggers (which split off its private values:
-        training loss and accuracy, validation metrics, time)."""
+        training loss and accuracy, validation metrics, time, and in a private run the number of
+        examples left out of the epoch's clipped sums for a gradient that is not finite)."""
         record: dict[str, Any] = {"epoch": self.pos.epoch,
                                   "train_loss": tally.loss, "train_accuracy": tally.accuracy,
                                   "epsilon": self.spend.epsilon(), **self._mechanism_metrics(),
                                   "time": time.time()}
+        if self.spend.private:  # a statistic of the training data: private (split_private)
+            record["nonfinite_examples"] = int(tally.nonfinite)
         if evaluated and self.pos.last_eval is not None:
             record.update(self.evaluator.metrics())
         self.loggers.log(self.pos.step, record)

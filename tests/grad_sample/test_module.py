@@ -230,6 +230,17 @@ def test_parameter_used_inside_and_outside_its_module_fails_on_the_first_backwar
         gsm(torch.randn(3, 2)).sum().backward()
 
 
+def test_a_nan_example_never_fails_the_first_backwards_sum_check_which_moves_to_the_next() -> None:
+    gsm = dptrain.GradSampleModule(OutsideUse(also_inside=True))
+    x = torch.randn(3, 2)
+    x[1, 0] = float("nan")
+    gsm(x).sum().backward()   # NaN - NaN proves nothing: no error, whatever the batch held
+    gsm.zero_grad()
+    gsm.zero_grad_sample()
+    with pytest.raises(UnsupportedModuleError, match=r"\['scale\.weight'\] do not add up"):
+        gsm(torch.randn(3, 2)).sum().backward()
+
+
 def test_check_complete_refuses_gradients_computed_without_capture() -> None:
     gsm = dptrain.GradSampleModule(mlp())
     gsm.eval()

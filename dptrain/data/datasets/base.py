@@ -7,6 +7,7 @@ at a time by a picklable `transform`, so MNIST/CIFAR-10 stay at one byte per pix
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -111,6 +112,12 @@ class DatasetSplits:
     validation: ArrayDataset | None = None
     private_preprocessing: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        for split in ("train", "validation", "test"):
+            part = getattr(self, split)
+            if part is not None:
+                refuse_non_finite(part.features, f"dataset '{self.name}' ({split} split)")
+
     def capped(self, max_samples: int | None, seed: int) -> "DatasetSplits":
         """Train and test cut to at most `max_samples` examples each, chosen by a seeded
         permutation (apply before `with_validation`: the validation examples are not capped)."""
@@ -176,6 +183,45 @@ def random_subset(dataset: ArrayDataset, max_samples: int, seed: int) -> ArrayDa
         return dataset
     generator = torch.Generator().manual_seed(seed)
     return dataset.subset(torch.randperm(len(dataset), generator=generator)[:max_samples])
+
+
+def non_finite_row(values: torch.Tensor | Sequence[Any]) -> int | None:
+    """The first row (0-based) of `values` that holds a NaN or infinite number, or None.
+
+    `values`: a tensor `[N, *shape]` (a row is non-finite when any of its entries is; integer
+    tensors never are), or a column of N cells (a float cell that is NaN or inf: pandas reads an
+    empty cell, NaN or NA as NaN).
+    """
+    if isinstance(values, torch.Tensor):
+        if not values.is_floating_point() or len(values) == 0:
+            return None
+        bad = ~torch.isfinite(values.reshape(len(values), -1)).all(dim=1)
+        return int(bad.nonzero()[0, 0]) if bool(bad.any()) else None
+    return next((i for i, v in enumerate(values)
+                 if isinstance(v, float) and not math.isfinite(v)), None)
+
+
+def refuse_non_finite(values: torch.Tensor | Sequence[Any], source: str,
+                      row_name: Callable[[int], str] = lambda i: f"example {i} (0-based)") -> None:
+    """ConfigError naming `source` and the first row of `values` (`non_finite_row`) that holds a
+    NaN or infinite input, with the fix; nothing when every row is finite.
+
+    THE check of non-finite inputs, made when a dataset is built (`DatasetSplits` for feature
+    tensors, the text loader for a file's cells): never during training, where the step that
+    meets such an example would reveal that it was sampled. `row_name(i)` words row i for the
+    user (a file's loader numbers the rows as the file does).
+    """
+    row = non_finite_row(values)
+    if row is None:
+        return
+    raise ConfigError(
+        f"{source}: {row_name(row)} holds a NaN or infinite value (an empty cell, or NaN or inf "
+        f"in the data) where an input is expected. An example whose input is not finite has a "
+        f"gradient that is not finite: every step would leave it out (its clip factor is 0), so "
+        f"it would never be trained on, and dptrain refuses it before training rather than meet "
+        f"it during a run, whose failing step would reveal when that example was sampled. Fix or "
+        f"remove that row (with pandas: frame.dropna(subset=[column])), then run again."
+    )
 
 
 def require_files(name: str, paths: Sequence[Path], root: Path) -> None:

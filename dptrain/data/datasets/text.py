@@ -28,7 +28,13 @@ from typing import Any, Sequence
 
 import torch
 
-from dptrain.data.datasets.base import ArrayDataset, DatasetSplits, download_failed, require_files
+from dptrain.data.datasets.base import (
+    ArrayDataset,
+    DatasetSplits,
+    download_failed,
+    refuse_non_finite,
+    require_files,
+)
 from dptrain.errors import ConfigError
 from dptrain.losses import IGNORE_INDEX
 from dptrain.models.hf import pack_inputs
@@ -331,6 +337,10 @@ def load_text(
                           "dataset.prompt_column", source) if prompt_column is not None else None
         labels = present(column(table, label_column, "dataset.label_column", source),
                          "dataset.label_column", source) if label_column is not None else None
+        for name, cells in ((text_column, texts), (prompt_column, prompts)):
+            if cells is not None:  # numbers read as NaN or inf; before the cap: the file's rows
+                refuse_non_finite(cells, source,
+                                  lambda i, name=name: f"data row {i + 1}, column {name!r},")
         keep = _cap(texts, max_samples, seed + offset)
         rows = [(None if prompts is None else str(prompts[i]), str(texts[i])) for i in keep]
         parts[split] = (rows, _take(labels, keep))
