@@ -171,6 +171,19 @@ def _override_value(argv: list[str], key: str) -> str | None:
     return value
 
 
+def _unquoted_non_ascii(error: BaseException, argv: list[str]) -> str | None:
+    """The fix for an override Hydra's grammar cannot read because its unquoted value has a
+    character outside ASCII (`hydra.run.dir=outputs/résumé`): quote it. None for other errors."""
+    text = str(error)
+    for arg in argv:
+        key, equals, value = arg.partition("=")
+        if equals and not value.isascii() and arg in text and not value.startswith(("'", '"')):
+            return (f"{arg}: an unquoted value may hold ASCII characters only (Hydra's override "
+                    f"grammar). Quote the value, with the shell's single quotes around the whole "
+                    f"override so that Hydra sees the double quotes: '{key}=\"{value}\"'.")
+    return None
+
+
 def explain(error: BaseException, argv: list[str]) -> str:
     """One paragraph for a Hydra composition error of the command line `argv`: what is wrong
     (the key and value, or the option) and how to fix it."""
@@ -188,7 +201,8 @@ def explain(error: BaseException, argv: list[str]) -> str:
         lead = f"{group}={option} names no config of the {group} group; options: {options}."
         return " ".join(found) if found else lead
     if not key:
-        return " ".join([" ".join(str(error).split()), *found])
+        quoted = _unquoted_non_ascii(error, argv)
+        return quoted or " ".join([" ".join(str(error).split()), *found])
     value = _override_value(argv, key)
     elsewhere = None if value is None else _belongs_elsewhere(key, value, config_groups())
     if elsewhere:

@@ -33,6 +33,12 @@ def test_a_misspelt_key_suggests_the_right_one(dptrain):
     assert "did you mean train.epochs=3" in dptrain("train.epoch=3")
 
 
+def test_an_unquoted_non_ascii_value_is_explained_with_the_quoted_override(dptrain):
+    err = dptrain("hydra.run.dir=outputs/r\u00e9sum\u00e9")
+    assert "an unquoted value may hold ASCII characters only" in err
+    assert """'hydra.run.dir="outputs/r\u00e9sum\u00e9"'""" in err
+
+
 def test_a_dataset_missing_offline_names_the_path_and_the_download_flag(dptrain, tmp_path):
     err = dptrain("+recipe=mnist_cnn", f"dataset.root={tmp_path / 'nothing'}", *QUIET)
     assert str(tmp_path / "nothing") in err and "dataset.download=true" in err
