@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import sys
 from collections.abc import Iterator
@@ -47,6 +48,8 @@ VERBOSE_ENV = "DPTRAIN_VERBOSE"       # dptrain's: set by main() for the run (to
 CONFIG_ERROR_EXIT = 2
 INTERRUPTED_EXIT = 130                # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
 USER_ERRORS = (DPTrainError, OmegaConfBaseException, HydraException)
+# a folder the command cannot write: a full disk or quota, no permission, a read-only disk
+UNWRITABLE = (errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS)
 _failed_jobs: list[str] = []  # sweep jobs of this process stopped by bad input (exit status)
 
 
@@ -277,6 +280,15 @@ def main() -> None:
             from dptrain.cli.suggest import explain
 
             _report_error(DPTrainError(explain(error, sys.argv[1:])))
+            sys.exit(CONFIG_ERROR_EXIT)
+        except OSError as error:  # Hydra writing the run folder's .hydra/ before any job runs
+            if verbose or error.errno not in UNWRITABLE:
+                raise
+            _report_error(DPTrainError(
+                f"could not write {error.filename or 'the run folder'}: {error.strerror}. Nothing "
+                f"was trained and nothing charged. Free space on that disk (or fix its "
+                f"permissions), or point hydra.run.dir (a sweep: hydra.sweep.dir) at a writable "
+                f"folder on another disk, then run the command again."))
             sys.exit(CONFIG_ERROR_EXIT)
     if _failed_jobs:
         sys.stderr.write(

@@ -54,3 +54,29 @@ def test_a_full_disk_stops_the_run_with_one_paragraph_and_a_ledger_it_resumes_fr
     assert code == 0, err
     ledger = load_ledger(tmp_path / "run")
     assert ledger["status"] == "completed" and ledger["steps_completed"] == 36
+
+
+# `dptrain` on a disk that is full from the start: Hydra's write of the run folder's
+# .hydra/config.yaml (before any job runs) fails with ENOSPC.
+FULL_FROM_START_ENTRY = """import builtins, errno, os
+real_open = builtins.open
+def open_(file, mode="r", *args, **kwargs):
+    if "w" in mode and str(file).endswith("config.yaml"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+    return real_open(file, mode, *args, **kwargs)
+builtins.open = open_
+from dptrain.cli.main import main
+main()
+"""
+
+
+def test_a_disk_full_at_start_up_stops_with_one_paragraph_naming_the_folder_key(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    full = subprocess.run([sys.executable, "-c", FULL_FROM_START_ENTRY, *RUN], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert full.returncode == 2
+    assert "Traceback" not in full.stderr
+    paragraph = full.stderr.splitlines()[0]
+    assert "config.yaml" in paragraph and "No space left on device" in paragraph
+    assert "hydra.run.dir" in paragraph and "nothing charged" in paragraph
+    assert not (tmp_path / "run" / "privacy_ledger.json").exists()
