@@ -33,8 +33,10 @@ from dptrain.accounting.history import history_to_json
 from dptrain.checks import default_delta
 from dptrain.cli.schema import check_hardware, check_optimizer
 from dptrain.data.datasets import DatasetSplits, load_dataset
+from dptrain.data.datasets.selection import new_split_key
 from dptrain.data.datasets.text import TOKENIZER_KEY
 from dptrain.distributed.launch import join_run, wrap_model
+from dptrain.distributed.runtime import broadcast_object
 from dptrain.errors import (
     ConfigError,
     DPTrainError,
@@ -47,6 +49,7 @@ from dptrain.data.sampling import default_sample_rate
 from dptrain.data.user_sampling import user_sample_rate
 from dptrain.privacy.engine import PrivacyEngine
 from dptrain.privacy.plan import PerformanceSettings, PrivacyPlan, calibrated, planned_history
+from dptrain.train.checkpoint import resolve_resume, saved_split_key
 from dptrain.train.job import PrivacySettings, TrainingJob, check_model_selection
 from dptrain.train.loggers import make_loggers
 from dptrain.randomness import seed_everything
@@ -148,27 +151,45 @@ def build_precision(hardware: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- dataset, model
 def build_dataset(dataset: dict[str, Any], seed: int,
-                  tokenizer_named_by: str = TOKENIZER_KEY) -> DatasetSplits:
+                  tokenizer_named_by: str = TOKENIZER_KEY,
+                  split_key: bytes | None = None) -> DatasetSplits:
     """The train/test (and validation) splits named by `dataset.name` with the group's options.
 
     With `dataset.download=true` under hardware=ddp the ranks take turns (rank 0 first), so that
     no two ranks download into the same `dataset.root` at once (dptrain.cli.download).
     `tokenizer_named_by` is the key the user set the tokenizer with (`tokenizer_key`): an error
-    about the tokenizer names it instead of dataset.tokenizer.
+    about the tokenizer names it instead of dataset.tokenizer. `split_key` chooses the rows of
+    `dataset.max_samples` and `dataset.validation_size` (`split_key_for`; None: a fresh one).
     """
     options = dict(dataset)
     name = _require(options, "dataset", "name")
     options.pop("name")
     if options.get("root") is None:
         options.pop("root", None)
+    if "split_key" in options:
+        raise ConfigError(
+            "dataset.split_key is not a config key: the key that chooses the rows of "
+            "dataset.validation_size and dataset.max_samples is secret (the ledger publishes "
+            "the config). dptrain draws it from OS entropy and a resume reads it from the "
+            "checkpoint; remove dataset.split_key.")
     try:
         if options.get("download"):
-            return in_turns(lambda: load_dataset(name, seed=seed, **options))
-        return load_dataset(name, seed=seed, **options)
+            return in_turns(lambda: load_dataset(name, seed=seed, split_key=split_key,
+                                                 **options))
+        return load_dataset(name, seed=seed, split_key=split_key, **options)
     except ConfigError as error:
         if tokenizer_named_by == TOKENIZER_KEY or TOKENIZER_KEY not in str(error):
             raise
         raise ConfigError(str(error).replace(TOKENIZER_KEY, tokenizer_named_by)) from error
+
+
+def split_key_for(resume: str | None, run_dir: Path) -> bytes:
+    """The secret split key of a run (dptrain.data.datasets.selection): the one saved in the
+    checkpoint `train.resume` names (`auto`: the run folder's newest), so that a resumed run
+    trains on the rows it trained on; else (a new run, or a checkpoint without one) a fresh key
+    from OS entropy. Rank 0's on every rank of a hardware=ddp run."""
+    saved = saved_split_key(resolve_resume(resume, run_dir))
+    return broadcast_object(saved if saved is not None else new_split_key())
 
 
 def tokenizer_key(cfg: DictConfig) -> str:
@@ -183,10 +204,11 @@ def tokenizer_key(cfg: DictConfig) -> str:
 
 
 def warn_private_preprocessing(splits: DatasetSplits) -> None:
-    """A logged warning for each preprocessing step that read the private training examples:
-    epsilon does not cover it (the ledger's `dataset.private_preprocessing` records it too)."""
+    """A logged warning for each preprocessing step that read the private training examples,
+    each sentence saying what epsilon covers of it (the ledger's `dataset.private_preprocessing`
+    records them too)."""
     for step in splits.private_preprocessing:
-        log.warning("Preprocessing read the private training data, outside epsilon: %s.", step)
+        log.warning("Preprocessing read the private training data: %s.", step.rstrip("."))
 
 
 def _unwrap_instantiation(error: InstantiationException, group: str, target: str) -> DPTrainError:
@@ -526,7 +548,8 @@ def build_job(cfg: DictConfig, run_dir: Path, prepare_splits: Callable[[DatasetS
     hardware = resolved["hardware"]
     device, precision = build_device(hardware), build_precision(hardware)
     num_workers = int(hardware.get("num_workers", 0))
-    splits = build_dataset(resolved["dataset"], seed, tokenizer_key(cfg))
+    splits = build_dataset(resolved["dataset"], seed, tokenizer_key(cfg),
+                           split_key_for(train.get("resume"), run_dir))
     if prepare_splits is not None:
         splits = prepare_splits(splits)
     size_train(train, *privacy_units(request, splits.train))
@@ -563,6 +586,7 @@ def build_job(cfg: DictConfig, run_dir: Path, prepare_splits: Callable[[DatasetS
         validation_loader=validation_loader,
         private_preprocessing=list(splits.private_preprocessing),
         synthetic=bool(splits.info.get("synthetic", False)),
+        split_key=splits.split_key,
     )
     return job, settings
 

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from dptrain.train.budget import PrivacySpend
-from dptrain.train.display import shown_path
+from dptrain.train.display import note, shown_path
 from dptrain.train.job import Position, TrainingJob, unwrap
 from dptrain.train.ledger import PrivacyLedger, describe_differences, refresh_layer_strategies, same_config
 from dptrain.train.replay import start_fingerprint
@@ -272,6 +272,28 @@ def resolve_resume(resume: str | None, run_dir: Path | str) -> Path | None:
     if str(resume) == "auto":
         return latest_checkpoint(run_dir)
     return Path(resume)
+
+
+def saved_split_key(path: Path | str | None) -> bytes | None:
+    """The split key (`TrainingJob.split_key`) the checkpoint at `path` saved: None when there is
+    no path, when the checkpoint saved none (a job without one, or a file written before the key
+    existed: said in a note, the rows are then drawn anew), or when it cannot be read (the resume
+    then refuses it with its own message: `load_checkpoint`)."""
+    if path is None:
+        return None
+    try:
+        state = load_checkpoint(path)
+    except ConfigError:
+        return None
+    dataset = state.get("config", {}).get("dataset") or {}
+    if "split_key" not in state and (dataset.get("validation_size") or dataset.get("max_samples")):
+        note(f"Checkpoint {shown_path(path)} holds no split key (it was written by an earlier "
+             "dptrain): dataset.validation_size and dataset.max_samples choose their rows anew "
+             "with a fresh key, so the resumed run may train on other rows (its replayed steps "
+             "are then charged again), and with a fraction as dataset.validation_size on "
+             "another number of them, which the resume refuses as another privacy plan.")
+    key = state.get("split_key")
+    return key if isinstance(key, bytes) else None
 
 
 def check_same_config(state: dict[str, Any], config: dict[str, Any], path: Path | str) -> None:
@@ -530,6 +552,9 @@ class Checkpointer:
             "epoch_start_generators": self.epoch_start_generators,
             "data_fingerprint": self.data_fingerprint,
             **({} if self.user_fingerprint is None else {"user_fingerprint": self.user_fingerprint}),
+            # the secret key of the validation split and the max_samples subset: a resume
+            # reads it back before the data is loaded (saved_split_key)
+            "split_key": self.job.split_key,
         }
         save_checkpoint(self.run_dir / paths[0], state)
         for path in paths[1:]:

@@ -90,6 +90,10 @@ class TrainingJob:
     # A torch LR scheduler stepped once per logical step; None: the loop builds one from
     # `TrainSettings.lr_schedule` (none for a constant rate). Saved in checkpoints.
     lr_scheduler: Any | None = None
+    # The secret key that chose the rows dataset.max_samples keeps and dataset.validation_size
+    # holds out (DatasetSplits.split_key): saved in checkpoints only (private resume state),
+    # where a resume reads it back to train on the same rows; never in the ledger or the repr.
+    split_key: bytes | None = field(default=None, repr=False)
 
 
 # The file the `dptrain` command writes a job's RunResult to, in its run folder
@@ -217,13 +221,16 @@ def private_job(engine: Any, model: nn.Module, optimizer: torch.optim.Optimizer,
                 target_epsilon: float | None = None, target_delta: float | None = None,
                 dataset_name: str = "data", config: dict[str, Any] | None = None,
                 device: torch.device | str | None = None, precision: str = "fp32",
-                ) -> TrainingJob:
+                split_key: bytes | None = None) -> TrainingJob:
     """A TrainingJob of what `engine.make_private(...)` returned, for `dptrain.train.train`.
 
     `target_epsilon` (optional) is the budget the run may not exceed; `target_delta` the delta
     epsilon is reported at (default: 1/(10 N) rounded down to a power of ten). `config`
     describes the run in the ledger, and a resume must present the same one (default: the
-    privacy settings and the dataset). `device` defaults to the model's.
+    privacy settings and the dataset). `device` defaults to the model's. `split_key`: the
+    `DatasetSplits.split_key` of data from `dptrain.data.datasets.load_dataset`, saved in the
+    checkpoints so that a resume can load the same rows (`load_dataset(...,
+    split_key=dptrain.train.checkpoint.saved_split_key(path))`).
     """
     privacy = PrivacySettings.of_engine(engine, target_epsilon=target_epsilon,
                                         target_delta=target_delta)
@@ -237,4 +244,4 @@ def private_job(engine: Any, model: nn.Module, optimizer: torch.optim.Optimizer,
                        test_loader=test_loader, loss_fn=loss_fn, device=torch.device(device),
                        engine=engine, privacy=privacy, dataset_name=dataset_name,
                        dataset_size=size, config=config, precision=precision,
-                       validation_loader=validation_loader)
+                       validation_loader=validation_loader, split_key=split_key)

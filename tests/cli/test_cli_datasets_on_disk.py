@@ -62,4 +62,4 @@ def test_a_train_counts_vocabulary_is_warned_about_and_recorded_in_the_ledger(
     assert code == 0, err
     (step,) = read_json(tmp_path / "run" / "privacy_ledger.json")["dataset"]["private_preprocessing"]
     assert "dataset.vocabulary=train_counts" in step and "epsilon does not cover" in step
-    assert "outside epsilon: dataset.vocabulary=train_counts" in out + err
+    assert "private training data: dataset.vocabulary=train_counts" in out + err

@@ -4,10 +4,13 @@ SST-2 and E2E (tokenised for a pretrained model: dptrain.data.datasets.text), or
 `load_dataset(name, **options)` returns a `DatasetSplits` (train/test `ArrayDataset`s and the
 number of classes). Options shared by every dataset: `root` (folder of the files; `~` expanded),
 `download`, `synthetic` (seeded random data of the same shapes, sizes and number of classes),
-`max_samples` (each split capped to that many examples, a seeded random subset), `seed` and
+`max_samples` (each split capped to that many examples), `seed` (synthetic data) and
 `validation_size` (training examples held out as a validation split, after the cap: a count or a
 fraction; see `DatasetSplits.with_validation`); IMDb also takes `vocab_size`, `max_len` and
-`vocabulary`. No Hydra here: options are plain values.
+`vocabulary`. No Hydra here: options are plain values. The rows the cap keeps and the split holds
+out are chosen by a keyed hash of each row's contents with `split_key`, a secret key that is no
+option of the config (`dptrain.data.datasets.selection`): `load_dataset` draws one from OS
+entropy unless given the one a checkpoint saved, and returns it as `DatasetSplits.split_key`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dptrain.data.datasets.cifar10 import load_cifar10
 from dptrain.data.datasets.digits import load_digits
 from dptrain.data.datasets.imdb import load_imdb
 from dptrain.data.datasets.mnist import load_mnist
+from dptrain.data.datasets.selection import split_key_or_new
 from dptrain.data.datasets.text import load_e2e_nlg, load_glue_sst2, load_text
 from dptrain.errors import ConfigError
 
@@ -37,6 +41,9 @@ DATASETS: dict[str, Callable[..., DatasetSplits]] = {
 
 # Options every dataset accepts (a loader may ignore some, e.g. digits has no root).
 COMMON_OPTIONS = ("root", "download", "synthetic", "max_samples", "seed", "validation_size")
+# Loader keywords that are no config option: the secret split key (dptrain.data.datasets.selection)
+# must never be written in a config, which the ledger publishes.
+PRIVATE_OPTIONS = ("split_key",)
 
 __all__ = ["ArrayDataset", "DATASETS", "DatasetSplits", "load_dataset"]
 
@@ -47,10 +54,16 @@ def load_dataset(
     max_samples: int | None = None,
     seed: int = 0,
     validation_size: int | float = 0,
+    split_key: bytes | None = None,
     **options: Any,
 ) -> DatasetSplits:
     """The train/test (and validation, when `validation_size` is not 0) splits of dataset `name`
-    (one of DATASETS) built with `options`."""
+    (one of DATASETS) built with `options`.
+
+    `split_key` (32 bytes) chooses the rows `max_samples` keeps and `validation_size` holds out;
+    None draws a fresh one from OS entropy. A resumed run passes the key its checkpoint saved
+    (`dptrain.train.checkpoint.saved_split_key`) to train on the same rows. The result's
+    `split_key` is the key used: keep it as privately as the data (a checkpoint does)."""
     if name not in DATASETS:
         close = difflib.get_close_matches(str(name), DATASETS, n=1)
         hint = f" Did you mean dataset={close[0]}?" if close else ""
@@ -59,15 +72,16 @@ def load_dataset(
         )
     POSITIVE_INT.or_none().check(max_samples, "dataset.max_samples")
     _check_options(name, options)
-    splits = DATASETS[name](max_samples=max_samples, seed=seed, **options)
-    return splits.with_validation(validation_size, seed)
+    key = split_key_or_new(split_key)
+    splits = DATASETS[name](max_samples=max_samples, seed=seed, split_key=key, **options)
+    return splits.with_validation(validation_size, key)
 
 
 def dataset_options(name: str) -> list[str]:
     """The options dataset `name` accepts: COMMON_OPTIONS plus its loader's own keywords."""
     parameters = inspect.signature(DATASETS[name]).parameters.values()
     own = [p.name for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    return sorted(set(COMMON_OPTIONS) | set(own))
+    return sorted((set(COMMON_OPTIONS) | set(own)) - set(PRIVATE_OPTIONS))
 
 
 def _check_options(name: str, options: dict[str, Any]) -> None:

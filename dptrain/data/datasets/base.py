@@ -15,6 +15,9 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils.data import Dataset
 
+from dptrain.data.datasets.selection import (TEST_CAP, TRAIN_CAP, VALIDATION, array_records,
+                                             below, cap_steps, describe_validation,
+                                             keep_smallest, row_draws, split_key_or_new)
 from dptrain.errors import ConfigError
 
 BatchTransform = Callable[[torch.Tensor], torch.Tensor]
@@ -100,8 +103,9 @@ class DatasetSplits:
     never trained on, and `len(train)` (N, the training examples the accountant counts) excludes
     them. `private_preprocessing` describes each preprocessing step that read the training
     examples' contents (e.g. a vocabulary counted over them), one sentence each naming its config
-    key: epsilon does not cover these. Empty when the features of every example depend on that
-    example alone (fixed normalisation constants, a hashing vocabulary).
+    key, and what epsilon covers of it (a vocabulary counted over them: nothing; a validation
+    split drawn row by row: a row of the file). Empty when no step read the training examples
+    (fixed normalisation constants, a hashing vocabulary, no subset, no validation split).
     """
 
     name: str
@@ -111,6 +115,9 @@ class DatasetSplits:
     info: dict[str, Any] = field(default_factory=dict)
     validation: ArrayDataset | None = None
     private_preprocessing: tuple[str, ...] = ()
+    # The secret key that chose the rows of `capped` and `with_validation` (32 bytes, OS
+    # entropy; dptrain.data.datasets.selection): private resume state, kept out of the repr.
+    split_key: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for split in ("train", "validation", "test"):
@@ -118,45 +125,84 @@ class DatasetSplits:
             if part is not None:
                 refuse_non_finite(part.features, f"dataset '{self.name}' ({split} split)")
 
-    def capped(self, max_samples: int | None, seed: int) -> "DatasetSplits":
-        """Train and test cut to at most `max_samples` examples each, chosen by a seeded
-        permutation (apply before `with_validation`: the validation examples are not capped)."""
+    def capped(self, max_samples: int | None, key: bytes | None = None) -> "DatasetSplits":
+        """Train and test cut to at most `max_samples` examples each: the rows with the smallest
+        keyed hash of their contents (`dptrain.data.datasets.selection`), `key` the secret
+        split key (None: a fresh one from OS entropy), recorded in `split_key`. Apply before
+        `with_validation` (the validation examples are not capped). Cutting the training split
+        adds its sentence to `private_preprocessing`: the unit epsilon then holds for."""
+        key = split_key_or_new(key if key is not None else self.split_key)
         if max_samples is None:
-            return self
+            return replace(self, split_key=key)
+        train = keyed_subset(self.train, max_samples, key, TRAIN_CAP)
         return replace(
             self,
-            train=random_subset(self.train, max_samples, seed),
-            test=random_subset(self.test, max_samples, seed + 1),
+            train=train,
+            test=keyed_subset(self.test, max_samples, key, TEST_CAP),
             info=dict(self.info),
+            private_preprocessing=(*self.private_preprocessing,
+                                   *cap_steps(max_samples, len(train), len(self.train))),
+            split_key=key,
         )
 
-    def with_validation(self, validation_size: int | float, seed: int) -> "DatasetSplits":
-        """`validation_size` training examples (an int count, or a float fraction of the training
-        split) moved to `validation`, chosen by a permutation seeded with `seed`; both parts keep
-        the training split's order. 0 returns the splits unchanged.
+    def with_validation(self, validation_size: int | float,
+                        key: bytes | None = None) -> "DatasetSplits":
+        """Training examples moved to `validation`, each row's place decided by a keyed hash of
+        its contents (`dptrain.data.datasets.selection`; `key` the secret split key, None: the
+        one in `split_key`, else a fresh one): a float fraction holds out each row whose hash
+        falls below it, independently of the others; an int count the rows with the smallest
+        hashes. Both parts keep the training split's order; `private_preprocessing` gets the
+        split's sentence. 0 returns the splits unchanged.
 
         Raises ConfigError (naming dataset.validation_size) for a size that leaves no example on
-        either side.
+        either side, and for a count when the training split has user ids (user level).
         """
+        key = split_key_or_new(key if key is not None else self.split_key)
         count = validation_count(validation_size, len(self.train))
         if count == 0:
-            return self
-        generator = torch.Generator().manual_seed(seed)
-        held_out = torch.zeros(len(self.train), dtype=torch.bool)
-        held_out[torch.randperm(len(self.train), generator=generator)[:count]] = True
+            return replace(self, split_key=key)
+        held_out = held_out_rows(self.train, validation_size, count, key)
+        if not 0 < int(held_out.sum()) < len(self.train):  # a fraction's draw, on few rows
+            raise _size_refusal(validation_size, len(self.train),
+                                f" (each row held out with probability {validation_size}, "
+                                f"{int(held_out.sum())} were)")
+        sentence = describe_validation(validation_size, int(held_out.sum()), len(self.train))
         return replace(
             self,
             train=self.train.subset(torch.nonzero(~held_out).flatten()),
             info=dict(self.info),
             validation=self.train.subset(torch.nonzero(held_out).flatten()),
+            private_preprocessing=(*self.private_preprocessing, sentence),
+            split_key=key,
         )
+
+
+def held_out_rows(train: ArrayDataset, validation_size: int | float, count: int,
+                  key: bytes) -> torch.Tensor:
+    """bool `[N]`: the training rows `dataset.validation_size` holds out (see
+    `DatasetSplits.with_validation`); `count` is its `validation_count`."""
+    draws = row_draws(array_records(train.features, train.labels), key, VALIDATION)
+    if isinstance(validation_size, float):
+        return below(draws, validation_size)
+    if train.user_ids is not None:
+        raise ConfigError(
+            f"dataset.validation_size={validation_size} is a count, and the training rows have "
+            f"users (dataset.user_column, privacy.unit=user): a count holds out the rows with "
+            f"the smallest keyed hashes together, so removing one user's rows would move rows "
+            f"of other users out of training, and epsilon would not hold for a user of the "
+            f"file. Give a fraction instead (e.g. dataset.validation_size="
+            f"{max(count / len(train), 0.01):.2g}): each row is then held out on its own.")
+    held_out = torch.zeros(len(train), dtype=torch.bool)
+    held_out[keep_smallest(draws, count)] = True
+    return held_out
 
 
 def validation_count(validation_size: Any, num_train: int) -> int:
     """The number of examples `dataset.validation_size` holds out of `num_train` training ones.
 
     An int is a count in [0, num_train); a float in (0, 1) a fraction, rounded to the nearest
-    count, which must be at least 1 and leave at least one training example. 0 (or 0.0) is none.
+    count (the expected size of its split, drawn row by row), which must be at least 1 and leave
+    at least one training example. 0 (or 0.0) is none.
     """
     value = validation_size
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -168,21 +214,29 @@ def validation_count(validation_size: Any, num_train: int) -> int:
     else:
         count = -1
     if count != 0 and not 0 < count < num_train:
-        raise ConfigError(
-            f"dataset.validation_size={validation_size!r} cannot be held out of the {num_train} "
-            f"training examples: set it to a count in [0, {num_train}) or a fraction in (0, 1) "
-            f"that keeps at least one example on each side (e.g. dataset.validation_size=0.1; "
-            f"0 means no validation split)."
-        )
+        raise _size_refusal(validation_size, num_train)
     return count
 
 
-def random_subset(dataset: ArrayDataset, max_samples: int, seed: int) -> ArrayDataset:
-    """At most `max_samples` examples of `dataset`, drawn without replacement (seeded)."""
+def _size_refusal(validation_size: Any, num_train: int, drawn: str = "") -> ConfigError:
+    """The refusal of a `dataset.validation_size` that leaves no example on one side (`drawn`:
+    what a fraction's row-by-row draw held out, when that is the reason)."""
+    return ConfigError(
+        f"dataset.validation_size={validation_size!r} cannot be held out of the {num_train} "
+        f"training examples{drawn}: set it to a count in [0, {num_train}) or a fraction in "
+        f"(0, 1) that keeps at least one example on each side (e.g. "
+        f"dataset.validation_size=0.1; 0 means no validation split)."
+    )
+
+
+def keyed_subset(dataset: ArrayDataset, max_samples: int, key: bytes,
+                 purpose: str) -> ArrayDataset:
+    """At most `max_samples` examples of `dataset`, in its order: those with the smallest keyed
+    hash of their contents (`dptrain.data.datasets.selection.row_draws` for `purpose`)."""
     if max_samples >= len(dataset):
         return dataset
-    generator = torch.Generator().manual_seed(seed)
-    return dataset.subset(torch.randperm(len(dataset), generator=generator)[:max_samples])
+    draws = row_draws(array_records(dataset.features, dataset.labels), key, purpose)
+    return dataset.subset(keep_smallest(draws, max_samples))
 
 
 def non_finite_row(values: torch.Tensor | Sequence[Any]) -> int | None:

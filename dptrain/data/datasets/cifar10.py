@@ -114,6 +114,7 @@ def load_cifar10(
     synthetic: bool = False,
     max_samples: int | None = None,
     seed: int = 0,
+    split_key: bytes | None = None,
     **_: object,
 ) -> DatasetSplits:
     """CIFAR-10 train/test splits read from `root` (downloaded first when `download`)."""
@@ -137,4 +138,4 @@ def load_cifar10(
         len(classes),
         {"classes": list(classes)},
     )
-    return splits.capped(max_samples, seed)
+    return splits.capped(max_samples, split_key)

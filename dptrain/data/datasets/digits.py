@@ -44,7 +44,8 @@ def stratified_test_mask(labels: torch.Tensor, test_every: int = TEST_EVERY) -> 
 
 
 def load_digits(
-    synthetic: bool = False, max_samples: int | None = None, seed: int = 0, **_: object
+    synthetic: bool = False, max_samples: int | None = None, seed: int = 0,
+    split_key: bytes | None = None, **_: object
 ) -> DatasetSplits:
     """Train/test splits of the embedded digits (or random look-alikes when `synthetic`)."""
     pixels, labels = read_digits_csv()
@@ -65,4 +66,4 @@ def load_digits(
         ArrayDataset(pixels[test], labels[test], TRANSFORM),
         NUM_CLASSES,
     )
-    return splits.capped(max_samples, seed)
+    return splits.capped(max_samples, split_key)

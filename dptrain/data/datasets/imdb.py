@@ -194,6 +194,7 @@ def load_imdb(
     synthetic: bool = False,
     max_samples: int | None = None,
     seed: int = 0,
+    split_key: bytes | None = None,
     vocab_size: int = 10_000,
     max_len: int = 256,
     vocabulary: str = "hashing",
@@ -232,4 +233,4 @@ def load_imdb(
         info,
         private_preprocessing=private_preprocessing,
     )
-    return splits.capped(max_samples, seed)
+    return splits.capped(max_samples, split_key)

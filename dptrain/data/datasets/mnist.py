@@ -59,6 +59,7 @@ def load_mnist(
     synthetic: bool = False,
     max_samples: int | None = None,
     seed: int = 0,
+    split_key: bytes | None = None,
     **_: object,
 ) -> DatasetSplits:
     """MNIST train/test splits read from `root` (downloaded first when `download`)."""
@@ -68,4 +69,4 @@ def load_mnist(
     if download:
         _download(root)
     splits = DatasetSplits("mnist", _read_split(root, "train"), _read_split(root, "test"), 10)
-    return splits.capped(max_samples, seed)
+    return splits.capped(max_samples, split_key)

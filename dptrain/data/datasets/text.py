@@ -22,7 +22,7 @@ afterwards. `synthetic=True` draws seeded random sentences of the same sizes ins
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -35,6 +35,8 @@ from dptrain.data.datasets.base import (
     refuse_non_finite,
     require_files,
 )
+from dptrain.data.datasets.selection import (TEST_CAP, TRAIN_CAP, cap_steps, keep_smallest,
+                                             row_draws, split_key_or_new, text_records)
 from dptrain.errors import ConfigError
 from dptrain.losses import IGNORE_INDEX
 from dptrain.models.hf import pack_inputs
@@ -224,12 +226,15 @@ def _splits(name: str, tokenizer: Any, task: str, max_len: int, num_labels: int 
                          {"task": task, "max_len": max_len, **info})
 
 
-def _cap(rows: list[Any], max_samples: int | None, seed: int) -> list[int]:
-    """Indices of at most `max_samples` rows, a seeded random subset in file order."""
-    if max_samples is None or max_samples >= len(rows):
-        return list(range(len(rows)))
-    generator = torch.Generator().manual_seed(seed)
-    return sorted(torch.randperm(len(rows), generator=generator)[:max_samples].tolist())
+def _cap(columns: Sequence[Sequence[Any] | None], max_samples: int | None, key: bytes,
+         purpose: str) -> list[int]:
+    """Indices, in file order, of at most `max_samples` rows of a table given as its `columns`
+    (text, prompt, label; None: absent): those with the smallest keyed hash of their contents
+    (dptrain.data.datasets.selection)."""
+    rows = len(columns[0] or ())
+    if max_samples is None or max_samples >= rows:
+        return list(range(rows))
+    return keep_smallest(row_draws(text_records(*columns), key, purpose), max_samples).tolist()
 
 
 def _take(values: list[Any] | None, indices: list[int]) -> list[Any] | None:
@@ -301,6 +306,7 @@ def load_text(
     max_samples: int | None = None,
     seed: int = 0,
     root: str | None = None,
+    split_key: bytes | None = None,
 ) -> DatasetSplits:
     """Local CSV/JSON/Parquet files: classification with a label column, causal LM without one
     (`label_column=None`; `prompt_column` then names a prompt kept out of the loss).
@@ -309,6 +315,8 @@ def load_text(
     tokenizer to be downloaded; `root` is unused (the files are named directly). `user_column`
     names the column of each row's user: the training split's `user_ids` (int64 [N], users
     numbered in order of first appearance), for user-level privacy (privacy.unit=user).
+    `max_samples` keeps the rows of smallest keyed hash under `split_key` (None: a fresh key;
+    dptrain.data.datasets.selection), before tokenising.
     """
     max_len = _check_max_len(max_len)
     task = CLASSIFICATION if label_column is not None else CAUSAL_LM
@@ -323,8 +331,9 @@ def load_text(
     if train_file is None:
         raise ConfigError("dataset=text needs dataset.train_file=PATH (a .csv, .json, .jsonl or "
                           ".parquet file), or dataset.synthetic=true for random sentences.")
-    parts, users = {}, None
-    for split, path, offset in (("train", train_file, 0), ("test", test_file, 1)):
+    parts, users, steps = {}, None, ()
+    split_key = split_key_or_new(split_key)
+    for split, path, purpose in (("train", train_file, TRAIN_CAP), ("test", test_file, TEST_CAP)):
         if path is None:
             parts[split] = ([], [] if task == CLASSIFICATION else None)
             continue
@@ -341,13 +350,16 @@ def load_text(
             if cells is not None:  # numbers read as NaN or inf; before the cap: the file's rows
                 refuse_non_finite(cells, source,
                                   lambda i, name=name: f"data row {i + 1}, column {name!r},")
-        keep = _cap(texts, max_samples, seed + offset)
+        keep = _cap((texts, prompts, labels), max_samples, split_key, purpose)
         rows = [(None if prompts is None else str(prompts[i]), str(texts[i])) for i in keep]
         parts[split] = (rows, _take(labels, keep))
+        if split == "train":
+            steps = cap_steps(max_samples, len(keep), len(texts))
         if split == "train" and user_column is not None:
             users = _take(column(table, user_column, "dataset.user_column", source), keep)
             users = user_codes(users, source)
-    splits = _splits("text", tok, task, max_len, num_labels, parts, {})
+    splits = replace(_splits("text", tok, task, max_len, num_labels, parts, {}),
+                     private_preprocessing=steps, split_key=split_key)
     if users is not None:
         splits.train.user_ids = users
     return splits
@@ -411,28 +423,34 @@ def _hub_dataset(spec: HubText, root: Path, download: bool) -> Any:
     return loaded
 
 
-def _hub_parts(spec: HubText, loaded: Any, max_samples: int | None, seed: int
-               ) -> dict[str, tuple[list[Row], list[Any] | None]]:
-    """(rows, labels) of our train/test splits from the hub dataset's named splits."""
-    parts = {}
-    for offset, (ours, theirs) in enumerate(spec.splits.items()):
+def _hub_parts(spec: HubText, loaded: Any, max_samples: int | None, key: bytes
+               ) -> tuple[dict[str, tuple[list[Row], list[Any] | None]], tuple[str, ...]]:
+    """(rows, labels) of our train/test splits from the hub dataset's named splits, and the
+    `private_preprocessing` sentence of the training split's cap (`_cap`)."""
+    parts, steps = {}, ()
+    for ours, theirs in spec.splits.items():
         table = loaded[theirs]
         source = f"the {theirs} split of dataset={spec.name}"
         columns = {c: table[c] for c in table.column_names}
         texts = column(columns, spec.text, "text column", source)
-        keep = _cap(texts, max_samples, seed + offset)
         prompts = column(columns, spec.prompt, "prompt column", source) if spec.prompt else None
         labels = column(columns, spec.label, "label column", source) if spec.label else None
+        keep = _cap((texts, prompts, labels), max_samples, key,
+                    TRAIN_CAP if ours == "train" else TEST_CAP)
         rows = [(None if prompts is None else str(prompts[i]), str(texts[i])) for i in keep]
         parts[ours] = (rows, _take(labels, keep))
-    return parts
+        if ours == "train":
+            steps = cap_steps(max_samples, len(keep), len(texts))
+    return parts, steps
 
 
 def load_hub_text(spec: HubText, *, root: str, download: bool, synthetic: bool,
                   tokenizer: str | None, pad_token: str | None, max_len: int,
-                  max_samples: int | None, seed: int) -> DatasetSplits:
+                  max_samples: int | None, seed: int,
+                  split_key: bytes | None = None) -> DatasetSplits:
     """The splits of `spec` (its synthetic look-alike with `synthetic`), tokenised; 2 classes
-    for a classification dataset."""
+    for a classification dataset. `max_samples` keeps the rows of smallest keyed hash under
+    `split_key` (None: a fresh key)."""
     max_len = _check_max_len(max_len)
     tok = _tokenizer(tokenizer, pad_token, download)
     classes = 2 if spec.task == CLASSIFICATION else None
@@ -441,14 +459,17 @@ def load_hub_text(spec: HubText, *, root: str, download: bool, synthetic: bool,
                                  max_samples)
         return _splits(spec.name, tok, spec.task, max_len, classes, parts, {"synthetic": True})
     loaded = _hub_dataset(spec, Path(root).expanduser(), download)
-    return _splits(spec.name, tok, spec.task, max_len, classes,
-                   _hub_parts(spec, loaded, max_samples, seed), {})
+    split_key = split_key_or_new(split_key)
+    parts, steps = _hub_parts(spec, loaded, max_samples, split_key)
+    return replace(_splits(spec.name, tok, spec.task, max_len, classes, parts, {}),
+                   private_preprocessing=steps, split_key=split_key)
 
 
 def load_glue_sst2(*, root: str = "~/.cache/dptrain/glue_sst2", download: bool = False,
                    synthetic: bool = False, tokenizer: str | None = None,
                    pad_token: str | None = None, max_len: int = 256,
-                   max_samples: int | None = None, seed: int = 0) -> DatasetSplits:
+                   max_samples: int | None = None, seed: int = 0,
+                   split_key: bytes | None = None) -> DatasetSplits:
     """GLUE SST-2 (hub `nyu-mll/glue`, config `sst2`): 67,349 training sentences, 2 classes.
 
     The test split is GLUE's validation split (872 sentences): GLUE hides the test labels, and
@@ -460,7 +481,8 @@ def load_glue_sst2(*, root: str = "~/.cache/dptrain/glue_sst2", download: bool =
 def load_e2e_nlg(*, root: str = "~/.cache/dptrain/e2e_nlg", download: bool = False,
                  synthetic: bool = False, tokenizer: str | None = None,
                  pad_token: str | None = None, max_len: int = 100,
-                 max_samples: int | None = None, seed: int = 0) -> DatasetSplits:
+                 max_samples: int | None = None, seed: int = 0,
+                 split_key: bytes | None = None) -> DatasetSplits:
     """E2E NLG (hub `tuetschek/e2e_nlg`, its Parquet branch): restaurant meaning
     representations (the prompt, no loss) -> one reference text each (the loss); 42,061 training
     pairs, 4,693 test pairs. A causal LM dataset (`model.task=causal_lm`)."""

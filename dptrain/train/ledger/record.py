@@ -113,7 +113,7 @@ class PrivacyLedger:
 
         `dataset_size` is N, the training examples; `validation_size` the examples held out of
         them; `private_preprocessing` one sentence per preprocessing step that read the training
-        examples (not covered by epsilon; empty: none); `model_selection` what
+        examples, saying what epsilon covers of it (empty: none); `model_selection` what
         `best_checkpoint_selection` says (None: no selection); `synthetic` that the examples are
         seeded random data, not the dataset's.
         """

@@ -97,8 +97,10 @@ LEDGER_SCHEMA: dict[str, Any] = {
                            "validation_size": {"type": "integer", "minimum": 0},
                            # seeded random data (dataset.synthetic=true), not the real examples
                            "synthetic": {"type": "boolean"},
-                           # preprocessing that read the private training data (outside
-                           # epsilon); absent in ledgers written before it was recorded
+                           # preprocessing that read the private training data, each sentence
+                           # saying what epsilon covers of it (a vocabulary: nothing; the
+                           # validation split: a row of the file); absent in ledgers written
+                           # before it was recorded
                            "private_preprocessing": {"type": "array",
                                                      "items": {"type": "string"}},
                            # the SHA-256 of the training data of every process of the run

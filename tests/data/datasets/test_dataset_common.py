@@ -1,4 +1,7 @@
-"""Options every dataset shares: max_samples subsets, seeded synthetic data, name errors."""
+"""Options every dataset shares: max_samples subsets (keyed), seeded synthetic data, name errors."""
+
+from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -58,14 +61,46 @@ def test_synthetic_imdb_token_ids_stay_inside_the_vocabulary(tmp_path):
     assert int(splits.train.features.max()) < 54
 
 
-def test_max_samples_caps_both_splits_with_a_seeded_subset():
+def test_max_samples_caps_both_splits_with_a_subset_repeated_by_its_key():
     full = load_dataset("digits")
-    capped = load_dataset("digits", max_samples=100, seed=1)
-    again = load_dataset("digits", max_samples=100, seed=1)
-    assert len(capped.train) == len(capped.test) == 100
+    key = bytes(range(32))
+    capped = load_dataset("digits", max_samples=100, seed=1, split_key=key)
+    again = load_dataset("digits", max_samples=100, seed=2, split_key=key)
+    assert len(capped.train) == len(capped.test) == 100 and capped.split_key == key
     assert torch.equal(capped.train.features, again.train.features)
     rows = {tuple(r.tolist()) for r in full.train.features}
     assert all(tuple(r.tolist()) in rows for r in capped.train.features)
+    fresh = load_dataset("digits", max_samples=100, seed=1)
+    assert not torch.equal(fresh.train.features, capped.train.features)   # not from the seed
+
+
+def _multiset(dataset):
+    return Counter((tuple(x.tolist()), int(y)) for x, y in zip(dataset.features, dataset.labels))
+
+
+# A permutation seeded with the published train.seed changed 606 of the 1000 rows max_samples
+# kept of the digits (seed 0, training row 0 removed). A subset of a fixed size must swap a kept
+# row that leaves for another (the ledger says so); it must change nothing else.
+@pytest.mark.parametrize("row", [0, 1, 700, 1441])
+def test_removing_one_row_changes_the_max_samples_subset_by_at_most_one_substituted_row(row):
+    key = bytes(range(32))
+    whole = load_dataset("digits", split_key=key)
+    keep = torch.tensor([i for i in range(len(whole.train)) if i != row])
+    neighbour = replace(whole, train=whole.train.subset(keep)).capped(1000, key)
+    full = whole.capped(1000, key)
+    a, b = _multiset(full.train), _multiset(neighbour.train)
+    removed = _multiset(whole.train.subset(torch.tensor([row])))
+    assert sum((a - b).values()) <= 1 and set(a - b) <= set(removed)
+    assert sum((b - a).values()) == sum((a - b).values())        # the one row that came in
+    assert len(neighbour.train) == 1000
+
+
+def test_the_ledger_sentence_of_max_samples_states_the_substitution_unit():
+    splits = load_dataset("digits", max_samples=1000, split_key=bytes(32))
+    (sentence,) = splits.private_preprocessing
+    assert sentence.startswith("dataset.max_samples=1000 kept 1000 of the 1442 rows")
+    assert "one substituted row" in sentence and "group privacy" in sentence
+    assert load_dataset("digits", max_samples=5000).private_preprocessing == ()   # nothing cut
 
 
 def test_max_samples_must_be_a_positive_integer():

@@ -129,7 +129,9 @@ def test_the_private_preprocessing_flag_survives_max_samples_and_a_validation_sp
     write_acl_imdb(tmp_path)
     splits = load_dataset("imdb", root=tmp_path, vocabulary="train_counts", max_samples=3,
                           validation_size=1)
-    assert len(splits.private_preprocessing) == 1 and len(splits.validation) == 1
+    vocabulary, cap, split = splits.private_preprocessing   # each step that read the reviews
+    assert vocabulary.startswith("dataset.vocabulary=train_counts") and len(splits.validation) == 1
+    assert cap.startswith("dataset.max_samples=3") and split.startswith("dataset.validation_size=1")
 
 
 def test_an_unknown_vocabulary_is_refused_naming_the_key_and_the_choices(tmp_path):

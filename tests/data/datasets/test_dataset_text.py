@@ -6,6 +6,7 @@ by an in-memory DatasetDict of the hub's columns.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,31 @@ def test_max_samples_keeps_that_many_rows(tokenizers: dict[str, str], tmp_path: 
     assert len(splits.train) == 4
 
 
+def _rows(dataset: Any) -> Counter:
+    return Counter((tuple(x.tolist()), int(y)) for x, y in zip(dataset.features, dataset.labels))
+
+
+@pytest.mark.parametrize("row", [0, 13, 29])
+def test_removing_one_row_of_the_file_changes_its_max_samples_rows_by_at_most_one_substitution(
+        tokenizers: dict[str, str], tmp_path: Path, row: int) -> None:
+    lines = [{"review": f"{text} {i}", "label": i % 2}
+             for i, text in enumerate(r["review"] for r in review_rows(30))]
+    key = bytes(range(32))
+
+    def load(rows: list[dict[str, object]], name: str, **options: Any) -> Any:
+        return load_dataset("text", tokenizer=tokenizers["bert"], text_column="review",
+                            train_file=str(write_csv(tmp_path / name, rows)), split_key=key,
+                            **options)
+
+    removed = _rows(load([lines[row]], "one.csv").train)
+    for options in ({"max_samples": 10}, {"validation_size": 0.3}):
+        full = _rows(load(lines, "full.csv", **options).train)
+        neighbour = _rows(load(lines[:row] + lines[row + 1:], "neighbour.csv", **options).train)
+        left, came = full - neighbour, neighbour - full
+        assert sum(left.values()) <= 1 and set(left) <= set(removed)
+        assert sum(came.values()) <= (1 if "max_samples" in options else 0)
+
+
 def test_hub_dataset_not_on_disk_is_not_downloaded_without_download_true(
         tokenizers: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import datasets
@@ -189,7 +215,8 @@ def test_user_ids_follow_the_rows_kept_after_a_validation_split(tokenizers: dict
     whole = load_dataset("text", tokenizer=tokenizers["bert"], text_column="review",
                          train_file=str(path), user_column="author")
     split = load_dataset("text", tokenizer=tokenizers["bert"], text_column="review",
-                         train_file=str(path), user_column="author", validation_size=4)
+                         train_file=str(path), user_column="author", validation_size=0.3,
+                         split_key=bytes(range(32)))   # a fixed draw: some rows on each side
     kept = [next(i for i in range(12) if torch.equal(whole.train.features[i], row))
             for row in split.train.features]
     assert split.train.user_ids.tolist() == whole.train.user_ids[kept].tolist()
