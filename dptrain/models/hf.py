@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import logging
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -429,6 +430,7 @@ def quantization_config(quantize: str, dtype: str, keep: Sequence[str] = ()) -> 
     """
     _import_bitsandbytes(quantize)
     transformers = _import_hf()
+    logging.getLogger("bitsandbytes.autograd._functions").addFilter(_no_float16_notice)
     skip = [*UNQUANTIZED_MODULES, *keep]
     if quantize == "int8":
         return transformers.BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0,
@@ -436,6 +438,13 @@ def quantization_config(quantize: str, dtype: str, keep: Sequence[str] = ()) -> 
     return transformers.BitsAndBytesConfig(
         load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=getattr(torch, dtype),
         llm_int8_skip_modules=skip)
+
+
+def _no_float16_notice(record: logging.LogRecord) -> bool:
+    """False for bitsandbytes' notice that its int8 kernel takes float16 inputs (how LLM.int8
+    computes: the CPU's evaluation passes, CUDA's passes), logged by every int8 layer on every
+    call; its other records pass."""
+    return "during quantization" not in record.getMessage()
 
 
 def keep_training_layout(model: nn.Module) -> None:
