@@ -422,11 +422,12 @@ def quantization_config(quantize: str, dtype: str, keep: Sequence[str] = ()) -> 
     by UNQUANTIZED_MODULES and `keep` left in `dtype`.
 
     int8 sets LLM.int8's outlier threshold to 0: with a threshold, the input columns computed in
-    16 bits are those where ANY token of the batch exceeds it (bitsandbytes' CUDA kernel), so one
-    example's activations would depend on the others in its batch and its clipped gradient would
-    no longer bound its influence. At 0 each token's activations are quantized by their own
-    absolute maximum (and on CPU training dequantizes the weights and runs a float matmul), so
-    each example's forward pass is its own. nf4 computes in `dtype` (QLoRA's compute dtype).
+    16 bits are those where ANY token of the batch exceeds it (bitsandbytes' int8 kernel: CUDA,
+    and evaluation on CPU), so one example's activations would depend on the others in its
+    batch and its clipped gradient would no longer bound its influence. At 0 each token's
+    activations are quantized by their own absolute maximum (and on CPU training dequantizes
+    the weights and runs a float matmul), so each example's forward pass is its own. nf4
+    computes in `dtype` (QLoRA's compute dtype).
     """
     _import_bitsandbytes(quantize)
     transformers = _import_hf()
@@ -441,9 +442,9 @@ def quantization_config(quantize: str, dtype: str, keep: Sequence[str] = ()) -> 
 
 
 def _no_float16_notice(record: logging.LogRecord) -> bool:
-    """False for bitsandbytes' notice that its int8 kernel takes float16 inputs (how LLM.int8
-    computes: the CPU's evaluation passes, CUDA's passes), logged by every int8 layer on every
-    call; its other records pass."""
+    """False for bitsandbytes' notice that its int8 kernel casts the inputs to float16, which is
+    how that kernel always computes (CUDA, and evaluation on CPU) and which every int8 layer
+    logs on every call; its other records pass."""
     return "during quantization" not in record.getMessage()
 
 

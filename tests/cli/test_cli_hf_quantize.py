@@ -12,6 +12,7 @@ import torch
 from dptrain_runner import QUIET, read_json, run_in_process
 
 from dptrain.accounting import compute_epsilon
+from dptrain.train.ledger import config_differences, config_hash
 from tests.hf_tiny import review_rows, save_tiny, write_csv
 
 pytest.importorskip("bitsandbytes")
@@ -59,3 +60,10 @@ def test_a_quantized_base_without_lora_is_refused_naming_both_keys(
                                   files, monkeypatch, capsys)
     assert code == 2, err
     assert "model.quantize=int8 needs model.lora" in err and not (files / "refused" / "metrics.jsonl").exists()
+
+
+def test_a_config_recorded_before_model_quantize_is_the_run_with_an_unquantized_base() -> None:
+    old = {"model": {"name_or_path": "./llama", "lora": {"r": 2}}}
+    unquantized = {"model": {**old["model"], "quantize": None}}
+    assert config_hash(old) == config_hash(unquantized) and config_differences(old, unquantized) == []
+    assert config_differences(old, {"model": {**old["model"], "quantize": "nf4"}}) == ["model.quantize"]
