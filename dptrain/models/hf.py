@@ -458,13 +458,13 @@ def keep_training_layout(model: nn.Module) -> None:
             module.support_avx512bf16_for_cpu = False
 
 
-def cast_trainable(model: nn.Module, dtype: str) -> None:
-    """The trainable parameters (adapters, heads) in `dtype`, upcast to float32 from 16 bits: the
-    dtypes PEFT gives adapters over an unquantized base, where over a quantized one it leaves
-    them in float32 and the heads in `dtype`."""
+def cast_adapters(model: nn.Module, dtype: str) -> None:
+    """The LoRA adapters in `dtype`, upcast to float32 from 16 bits: what PEFT gives them over an
+    unquantized base, where over a quantized one it leaves them in float32 (a float64 base's
+    adapters would compute in float32). Heads keep `dtype`, as PEFT leaves them either way."""
     target = torch.float32 if dtype in ("bfloat16", "float16") else getattr(torch, dtype)
-    for p in model.parameters():
-        if p.requires_grad and p.dtype != target:
+    for name, p in model.named_parameters():
+        if p.requires_grad and ".lora_" in name and p.dtype != target:
             p.data = p.data.to(target)
 
 
@@ -617,7 +617,7 @@ def build_hf_model(
         new_keys = []  # PEFT renames and wraps the head; its rate stays optimizer.lr
     if quantize is not None:
         keep_training_layout(model)
-        cast_trainable(model, dtype)
+        cast_adapters(model, dtype)
     freeze_parameters(model, list(freeze or ()))
     if freeze_embeddings:
         model.get_input_embeddings().weight.requires_grad_(False)

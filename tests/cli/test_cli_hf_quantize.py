@@ -32,13 +32,15 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.mark.parametrize("quantize, mode", [("int8", "ghost"), ("nf4", "hooks")])
+@pytest.mark.parametrize("quantize, mode, dtype", [("int8", "ghost", "float32"),
+                                                   ("nf4", "hooks", "float32"),
+                                                   ("nf4", "ghost", "bfloat16")])
 def test_a_quantized_base_trains_its_adapters_privately_through_the_command(
-        files: Path, quantize: str, mode: str, monkeypatch: pytest.MonkeyPatch,
+        files: Path, quantize: str, mode: str, dtype: str, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture) -> None:
-    run_dir = files / f"run_{quantize}"
+    run_dir = files / f"run_{quantize}_{mode}_{dtype}"
     code, _, err = run_in_process(
-        [*QUIET, "model=hf", "model.name_or_path=./llama", LORA, f"model.quantize={quantize}",
+        [*QUIET, "model=hf", "model.name_or_path=./llama", LORA, f"model.quantize={quantize}", f"model.dtype={dtype}",
          *DATA, f"privacy.grad_sample_mode={mode}", "train.epochs=1", f"train.batch_size={BATCH}",
          "train.max_physical_batch_size=5", f"hydra.run.dir={run_dir}"], files, monkeypatch, capsys)
     assert code == 0, err

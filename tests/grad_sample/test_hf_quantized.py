@@ -166,6 +166,20 @@ def test_the_heads_stay_unquantized_and_train(folders, kind) -> None:
     assert kind == "llama" or any(p.requires_grad for h in heads for p in h.parameters())
 
 
+@pytest.mark.parametrize(("quantize", "dtype"), [("int8", "float64"), ("int8", "bfloat16"),
+                                                 ("nf4", "bfloat16")])
+def test_the_trainable_parameters_have_the_dtypes_of_the_unquantized_path(folders, quantize, dtype) -> None:
+    """Adapters in model.dtype (float32 from 16 bits), the head in model.dtype: as over an
+    unquantized base, so that a float64 check computes in float64 and a 16-bit head takes the
+    16-bit hidden states."""
+    def dtypes(model: nn.Module) -> dict[str, torch.dtype]:
+        return {n: p.dtype for n, p in model.named_parameters() if p.requires_grad}
+
+    plain = build_hf_model(str(folders["bert"]), num_labels=2, dtype=dtype,
+                           lora={"r": 2, "alpha": 4, "target_modules": TARGETS["bert"]})
+    assert dtypes(quantized(folders, "bert", quantize, dtype=dtype)) == dtypes(plain)
+
+
 def test_an_int8_examples_outputs_do_not_depend_on_the_other_examples_of_its_batch(folders) -> None:
     """LLM.int8's outlier threshold (transformers' default 6) computes in 16 bits the input columns
     where any token of the batch exceeds it: one example's outlier would change the others'
