@@ -224,15 +224,21 @@ def _unwrap_instantiation(error: InstantiationException, group: str, target: str
     )
 
 
-def build_model(model_cfg: DictConfig, splits: DatasetSplits | None = None) -> nn.Module:
+def build_model(model_cfg: DictConfig, splits: DatasetSplits | None = None,
+                device: torch.device | None = None) -> nn.Module:
     """The model built by Hydra's `instantiate` from the `model` group (`_target_` + kwargs).
 
-    A `num_labels: null` (model=hf) takes the dataset's number of classes from `splits`.
+    A `num_labels: null` (model=hf) takes the dataset's number of classes from `splits`; a
+    quantized base (model=hf model.quantize) is loaded straight onto `device` (transformers'
+    device_map): bitsandbytes keeps its scales in attributes of the weights, which
+    `nn.Module.to` does not move.
     """
     target = str(model_cfg.get("_target_", "?"))
-    extra = {}
+    extra: dict[str, Any] = {}
     if splits is not None and "num_labels" in model_cfg and model_cfg.num_labels is None:
         extra["num_labels"] = splits.num_classes
+    if device is not None and model_cfg.get("quantize") is not None:
+        extra["device"] = str(device)
     try:
         model = instantiate(model_cfg, **extra)
     except InstantiationException as error:
@@ -558,7 +564,7 @@ def build_job(cfg: DictConfig, run_dir: Path, prepare_splits: Callable[[DatasetS
     model_key = _model_key(cfg)
     if isinstance(resolved["model"].get("task"), str) and "task" in splits.info:
         check_task(resolved["model"]["task"], splits.info["task"], splits.name)  # before loading
-    model = build_model(cfg.model, splits)
+    model = build_model(cfg.model, splits, device)
     check_model_fits_data(model, splits, model_key)
     model = wrap_model(model.to(device), resolved)  # DDP on hardware=ddp
     optimizer = build_optimizer(cfg.optimizer, model)

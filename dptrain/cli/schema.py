@@ -33,7 +33,7 @@ from dptrain.checks import (
     one_of,
     setting,
 )
-from dptrain.models.hf_config import DTYPES, TASKS
+from dptrain.models.hf_config import DTYPES, QUANTIZE, TASKS
 from dptrain.train.settings import TrainConfig
 
 PRECISIONS = ("fp32", "bf16")
@@ -150,6 +150,8 @@ class HFModelConfig(ModelConfig):
     zero_init_head: bool = False
     # auto | model | mean | cls | max | mean_sqrt_len (dptrain.models.hf.pooling_of)
     pooling: str = "auto"
+    # null | int8 | nf4: the frozen base stored in 8 or 4 bits (QLoRA; needs model.lora)
+    quantize: Optional[str] = setting(None, one_of(*QUANTIZE).or_none())
 
 
 # ----------------------------------------------------------------------------- optimizer

@@ -15,6 +15,11 @@ before the forward pass (padding changes nothing but the cost). Outputs: `[B, nu
 sequence); `loss_for_task(task)` is the matching per-sample loss (cross-entropy, or the mean
 cross-entropy over a sample's own tokens with padding and prompt tokens masked out).
 
+With `quantize="int8"` or `"nf4"` (QLoRA) the frozen base's Linear layers are stored in 8 or 4
+bits by `bitsandbytes` (the `[quantize]` extra) and only the LoRA adapters train: they are plain
+`nn.Linear` pieces fed by the quantized layers' activations, so their per-sample gradients are
+exact as over any frozen base (docs/transformers.md, "QLoRA").
+
 `transformers` and `peft` (the `[hf]` extra) are imported when a model is built, never at import.
 """
 
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import logging
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -33,11 +39,16 @@ from torch.nn import functional as F
 
 from dptrain.errors import ConfigError
 from dptrain.losses import IGNORE_INDEX, TokenLoss
-from dptrain.models.hf_config import DTYPES, PEFT_TASK_TYPES, TASKS, LoraConfig
+from dptrain.models.hf_config import (DTYPES, PEFT_TASK_TYPES, TASKS, LoraConfig,
+                                      check_quantize)
 from dptrain.models.hf_pooling import (POOLING_MODES, PooledClassifier, local_reader,
                                        sentence_pooling)
 
 MAX_LISTED = 6           # module / column names quoted in an error
+# Layers a quantized base keeps in model.dtype: a causal LM's output layer (transformers' own
+# default, which an explicit list replaces) and the classifier heads PEFT trains whole for
+# sequence classification (its `classifier_module_names`); model.lora.modules_to_save joins them.
+UNQUANTIZED_MODULES = ("lm_head", "classifier", "score")
 
 
 # ----------------------------------------------------------------------------- where from
@@ -412,6 +423,92 @@ def zero_new_head(model: nn.Module, new_keys: Sequence[str], num_labels: int) ->
     return zeroed
 
 
+# ----------------------------------------------------------------------------- quantization
+def _import_bitsandbytes(quantize: str) -> None:
+    """ConfigError saying how to install bitsandbytes when it is missing."""
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError as error:
+        raise ConfigError(
+            f"model.quantize={quantize} needs the bitsandbytes package, which stores the frozen "
+            f"base in 8 or 4 bits (on CPU and CUDA): pip install 'dptrain[quantize]'. Or drop "
+            f"model.quantize to keep the base in model.dtype."
+        ) from error
+
+
+def quantization_config(quantize: str, dtype: str, keep: Sequence[str] = ()) -> Any:
+    """transformers' `BitsAndBytesConfig` of `model.quantize` (`int8` or `nf4`), the layers named
+    by UNQUANTIZED_MODULES and `keep` left in `dtype`.
+
+    int8 sets LLM.int8's outlier threshold to 0: with a threshold, the input columns computed in
+    16 bits are those where ANY token of the batch exceeds it (bitsandbytes' int8 kernel: CUDA,
+    and evaluation on CPU), so one example's activations would depend on the others in its
+    batch and its clipped gradient would no longer bound its influence. At 0 each token's
+    activations are quantized by their own absolute maximum (and on CPU training dequantizes
+    the weights and runs a float matmul), so each example's forward pass is its own. nf4
+    computes in `dtype` (QLoRA's compute dtype).
+    """
+    _import_bitsandbytes(quantize)
+    transformers = _import_hf()
+    logging.getLogger("bitsandbytes.autograd._functions").addFilter(_no_float16_notice)
+    skip = [*UNQUANTIZED_MODULES, *keep]
+    if quantize == "int8":
+        return transformers.BitsAndBytesConfig(load_in_8bit=True, llm_int8_threshold=0.0,
+                                               llm_int8_skip_modules=skip)
+    return transformers.BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=getattr(torch, dtype),
+        llm_int8_skip_modules=skip)
+
+
+def _no_float16_notice(record: logging.LogRecord) -> bool:
+    """False for bitsandbytes' notice that its int8 kernel casts the inputs to float16, which is
+    how that kernel always computes (CUDA, and evaluation on CPU) and which every int8 layer
+    logs on every call; its other records pass."""
+    return "during quantization" not in record.getMessage()
+
+
+def keep_training_layout(model: nn.Module) -> None:
+    """Keep bitsandbytes' 4-bit layers in the layout that backpropagates: on a CPU with
+    AVX512-BF16 a 4-bit layer evaluated without gradients repacks its weights for an
+    inference-only kernel, through which no gradient reaches the layers before it (the adapters
+    of earlier blocks would silently lose part of their gradient after the first evaluation)."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
+
+
+def cast_adapters(model: nn.Module, dtype: str) -> None:
+    """The LoRA adapters in `dtype`, upcast to float32 from 16 bits: what PEFT gives them over an
+    unquantized base, where over a quantized one it leaves them in float32 (a float64 base's
+    adapters would compute in float32). Heads keep `dtype`, as PEFT leaves them either way."""
+    target = torch.float32 if dtype in ("bfloat16", "float16") else getattr(torch, dtype)
+    for name, p in model.named_parameters():
+        if p.requires_grad and ".lora_" in name and p.dtype != target:
+            p.data = p.data.to(target)
+
+
+def stored_bytes(model: nn.Module) -> int:
+    """Bytes of the model's parameters and buffers, each tensor once, with what quantized
+    parameters keep beside their codes (bitsandbytes' per-row int8 scales `SCB`, the 4-bit
+    blocks' absmax and code book): the memory a model's weights take, quantized or not."""
+    seen: dict[tuple[int, torch.device], int] = {}
+
+    def add(t: Tensor) -> None:
+        seen[(t.data_ptr(), t.device)] = max(seen.get((t.data_ptr(), t.device), 0),
+                                             t.numel() * t.element_size())
+
+    for t in [*model.parameters(), *model.buffers()]:
+        add(t)
+        scales = getattr(t, "SCB", None)
+        state = getattr(t, "quant_state", None)
+        extra = [scales] if isinstance(scales, Tensor) else []
+        if state is not None:
+            extra += [v for v in state.as_dict(packed=True).values() if isinstance(v, Tensor)]
+        for tensor in extra:
+            add(tensor)
+    return sum(seen.values())
+
+
 # ----------------------------------------------------------------------------- building
 def pooling_of(pooling: str, name_or_path: str, task: str, download: bool = False) -> str | None:
     """The pooling mode `build_hf_model` gives a classifier (`PooledClassifier`), or None for
@@ -463,6 +560,8 @@ def build_hf_model(
     freeze_embeddings: bool = False,
     zero_init_head: bool = False,
     pooling: str = "auto",
+    quantize: str | None = None,
+    device: str | None = None,
 ) -> HFModel:
     """A pretrained model ready for `make_private`.
 
@@ -487,6 +586,12 @@ def build_hf_model(
             a sentence-transformers folder declares (`dptrain.models.hf_pooling`; the mean over
             the tokens for all-MiniLM-L6-v2), else the transformers class's own head; `model`:
             always the class's own head; or a mode of `hf_pooling.POOLING_MODES`.
+        quantize: None (the base in `dtype`), `int8` or `nf4`: the frozen base's Linear layers
+            stored in 8 or 4 bits by bitsandbytes (`quantization_config`), LoRA adapters
+            (`lora`, required) trained over it in `dtype` (float32 from 16 bits).
+        device: where a quantized model is loaded (the training device: bitsandbytes
+            quantizes as it places the weights); None: the CPU. An unquantized model is
+            always loaded on the CPU and moved by the caller.
     """
     transformers = _import_hf()
     if task not in TASKS:
@@ -494,8 +599,13 @@ def build_hf_model(
     if dtype not in DTYPES:
         raise ConfigError(f"model.dtype={dtype!r} is not supported: use one of {', '.join(DTYPES)}.")
     lora_settings = None if lora is None else LoraConfig.of(lora)  # checked before any loading
+    check_quantize(quantize, lora_settings, dtype)
     tokenizer = load_tokenizer(name_or_path, download=download, pad_token=pad_token)
     kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
+    if quantize is not None:
+        kwargs["quantization_config"] = quantization_config(
+            quantize, dtype, [] if lora_settings is None else lora_settings.modules_to_save)
+        kwargs["device_map"] = {"": str(device or "cpu")}
     if task == "sequence_classification":
         if isinstance(num_labels, bool) or not isinstance(num_labels, int) or num_labels < 2:
             raise ConfigError(f"model.num_labels={num_labels!r} must be an integer >= 2 (or null: "
@@ -507,7 +617,8 @@ def build_hf_model(
         auto = transformers.AutoModelForCausalLM
     mode = pooling_of(pooling, name_or_path, task, download)
     if mode is not None:
-        auto, kwargs = transformers.AutoModel, {"dtype": kwargs["dtype"]}
+        auto = transformers.AutoModel
+        kwargs = {k: v for k, v in kwargs.items() if k in ("dtype", "quantization_config", "device_map")}
     with _no_progress_bars(not download, transformers):
         model, loading = from_pretrained(auto.from_pretrained, name_or_path, download=download,
                                          key="model.name_or_path", what="the model",
@@ -523,6 +634,9 @@ def build_hf_model(
     if lora_settings is not None:
         model = add_lora(model, lora_settings, task)
         new_keys = []  # PEFT renames and wraps the head; its rate stays optimizer.lr
+    if quantize is not None:
+        keep_training_layout(model)
+        cast_adapters(model, dtype)
     freeze_parameters(model, list(freeze or ()))
     if freeze_embeddings:
         model.get_input_embeddings().weight.requires_grad_(False)

@@ -38,14 +38,15 @@ RENAMED_KEYS = {"privacy.reproducible_noise": "privacy.reproducible_mechanism"}
 # resumes with model.zero_init_head=false, the value it trained with); every parameter trained
 # at optimizer.lr (a new head's own rate, optimizer.head_lr, null); a classifier read the
 # transformers class's own head (model.pooling=model; `auto` reads a sentence-transformers
-# checkpoint's pooling: another model, so such a run resumes only with model.pooling=model).
+# checkpoint's pooling: another model, so such a run resumes only with model.pooling=model); the
+# base was never quantized (model.quantize null).
 ADDED_KEYS: dict[str, Any] = {"privacy.sampling": None, "privacy.sampling_groups": None,
                               "privacy.unit": "example",
                               "privacy.max_examples_per_user": None, "dataset.user_column": None,
                               "lr_schedule.kind": "constant", "privacy.noise": "independent",
                               "privacy.noise_bands": None, "privacy.noise_buffers": None,
                               "model.zero_init_head": False, "optimizer.head_lr": None,
-                              "model.pooling": "model"}
+                              "model.pooling": "model", "model.quantize": None}
 
 
 def _kept_items(config: dict[str, Any], exempt_keys: tuple[str, ...]) -> dict[str, Any]:
