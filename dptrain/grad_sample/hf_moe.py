@@ -218,16 +218,30 @@ def _check_supported(layer: nn.Module) -> None:
         )
 
 
-def _per_expert_rows(expert: Tensor, count: int) -> list[tuple[int, Tensor]]:
-    """``(e, rows of expert e)`` for every expert some row is routed to (``expert`` 1-D)."""
-    order = torch.argsort(expert, stable=True)
-    counts = torch.bincount(expert, minlength=count).tolist()
-    out, start = [], 0
-    for e, n in enumerate(counts):
-        if n:
-            out.append((e, order[start : start + n]))
-        start += n
-    return out
+@dataclass(frozen=True)
+class ExpertOrder:
+    """The rows of a call sorted by expert: ``perm`` (a stable sort of the 1-D expert ids) and
+    ``blocks``, ``(e, start, stop)`` of each expert some row is routed to, in ``perm``'s order:
+    each expert's rows are then one contiguous slice (one gather in, no scatter per expert)."""
+
+    perm: Tensor
+    blocks: list[tuple[int, int, int]]
+
+    @classmethod
+    def of(cls, expert: Tensor, count: int) -> "ExpertOrder":
+        perm = torch.argsort(expert, stable=True)
+        blocks, start = [], 0
+        for e, n in enumerate(torch.bincount(expert, minlength=count).tolist()):
+            if n:
+                blocks.append((e, start, start + n))
+            start += n
+        return cls(perm, blocks)
+
+    def restored(self, sorted_rows: Tensor) -> Tensor:
+        """Rows in ``perm``'s order put back in the original order."""
+        out = torch.empty_like(sorted_rows)
+        out[self.perm] = sorted_rows
+        return out
 
 
 def expert_slots(layer: nn.Module, activations: list[Any], backprops: Tensor) -> ExpertSlots:
@@ -243,25 +257,26 @@ def expert_slots(layer: nn.Module, activations: list[Any], backprops: Tensor) ->
     hidden = as_sequence(x).repeat_interleave(k, dim=1)  # slot t k + j is token t's j-th choice
     expert = index.reshape(batch, -1)
     down_grad = as_sequence(backprops).repeat_interleave(k, dim=1) * route.reshape(batch, -1, 1)
-    rows_h, rows_d = hidden.reshape(-1, hidden.shape[-1]), down_grad.reshape(-1, down_grad.shape[-1])
     gate_up, down = layer.gate_up_proj.detach(), layer.down_proj.detach()
-    routed = _per_expert_rows(expert.reshape(-1), gate_up.shape[0])
+    order = ExpertOrder.of(expert.reshape(-1), gate_up.shape[0])
+    rows_h = hidden.reshape(-1, hidden.shape[-1])[order.perm].to(gate_up.dtype)
+    rows_d = down_grad.reshape(-1, down_grad.shape[-1])[order.perm].to(down.dtype)
     up = rows_h.new_empty(rows_h.shape[0], gate_up.shape[1])
-    for e, rows in routed:
-        up[rows] = F.linear(rows_h[rows], gate_up[e])
+    for e, start, stop in order.blocks:
+        torch.mm(rows_h[start:stop], gate_up[e].t(), out=up[start:stop])
     with torch.enable_grad():
         up.requires_grad_(True)
         inner = layer._apply_gate(up)
         inner_grad = inner.new_empty(inner.shape)
-        for e, rows in routed:
-            inner_grad[rows] = rows_d[rows].to(down.dtype) @ down[e]
+        for e, start, stop in order.blocks:
+            torch.mm(rows_d[start:stop], down[e], out=inner_grad[start:stop])
         (up_grad,) = torch.autograd.grad(inner, up, inner_grad)
     slots = expert.shape[1]
     return ExpertSlots(
         expert=expert,
         hidden=hidden,
-        gate_up_grad=up_grad.view(batch, slots, -1),
-        inner=inner.detach().view(batch, slots, -1),
+        gate_up_grad=order.restored(up_grad).view(batch, slots, -1),
+        inner=order.restored(inner.detach()).view(batch, slots, -1),
         down_grad=down_grad,
     )
 
@@ -318,11 +333,12 @@ def per_expert_weighted_sum(a: Tensor, g: Tensor, expert: Tensor, weights: Tenso
     """``sum_b w_b grad_b`` ``[E, p, d]`` (norm dtype): per expert, one matmul over the rows routed
     to it, each row's G scaled by its sample's weight."""
     dtype = norm_dtype(g)
-    rows_g = (g.to(dtype) * weights.to(dtype).view(-1, 1, 1)).reshape(-1, g.shape[2])
-    rows_a = a.to(dtype).reshape(-1, a.shape[2])
+    order = ExpertOrder.of(expert.reshape(-1), experts)
+    rows_g = (g.to(dtype) * weights.to(dtype).view(-1, 1, 1)).reshape(-1, g.shape[2])[order.perm]
+    rows_a = a.to(dtype).reshape(-1, a.shape[2])[order.perm]
     out = rows_g.new_zeros(experts, g.shape[2], a.shape[2])
-    for e, rows in _per_expert_rows(expert.reshape(-1), experts):
-        out[e] = rows_g[rows].t() @ rows_a[rows]
+    for e, start, stop in order.blocks:
+        torch.mm(rows_g[start:stop].t(), rows_a[start:stop], out=out[e])
     return out
 
 
