@@ -22,7 +22,6 @@ from torch import Tensor, nn
 from dptrain.errors import UnsupportedModuleError
 from dptrain.grad_sample.check import check_per_sample_gradients, microbatch_grad_samples, wrapped_grad_samples
 from dptrain.grad_sample.coverage import fallback_layers
-from dptrain.grad_sample.ghost import GhostClippingModule
 from dptrain.grad_sample.hf_moe import EXPERTS, FAMILIES, MOE_BLOCKS, ROUTERS, per_expert_outer_grads, per_expert_sq_norms
 from dptrain.grad_sample.module import GradSampleModule
 from dptrain.grad_sample.registry import TOKEN_FLATTENING, register_token_flattening
