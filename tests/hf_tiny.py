@@ -160,6 +160,24 @@ def save_tiny(folder: Path, kind: str, pad: bool = False, seed: int = 0, dropout
     return Path(folder)
 
 
+def save_tiny_mixtral(folder: Path, seed: int = 0) -> Path:
+    """A tiny random-init Mixtral causal LM (4 experts, top-2, widths multiple of 16 bytes as the
+    default `grouped_mm` experts kernel needs) with Llama's tokenizer, saved in `folder`; no pad
+    token (pass `model.pad_token="</s>"`). Returns `folder`."""
+    import torch
+
+    torch.manual_seed(seed)
+    tokenizer = llama_tokenizer()
+    config = transformers.MixtralConfig(
+        vocab_size=len(tokenizer), hidden_size=WIDTH, intermediate_size=WIDTH, num_hidden_layers=LAYERS,
+        num_attention_heads=HEADS, num_key_value_heads=HEADS, num_local_experts=4, num_experts_per_tok=2,
+        max_position_embeddings=MAX_POSITIONS, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id)
+    transformers.MixtralForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)
+
+
 def save_sentence_transformer(folder: Path, pooling: dict[str, bool] | None = None, seed: int = 0,
                               dropout: float = 0.0) -> Path:
     """A tiny BERT saved as sentence-transformers saves one: the base `BertModel` and its

@@ -18,6 +18,12 @@ One exception, torch's own input convention: a model that IS an ``nn.EmbeddingBa
 1-D ids and ``offsets`` holds one example per bag. A larger model taking such a flattened batch
 must take a per-example tensor (e.g. its offsets) as its first argument.
 
+Flattened tokens: inside the forward of a token-flattening module (a mixture-of-experts block,
+:func:`~dptrain.grad_sample.registry.register_token_flattening`) the layers run on the batch's
+tokens flattened in the model's layout, ``[B * T, ...]``. There every layer output must have
+``B * T`` rows instead (:func:`check_flat_rows`), and its per-token tensors are given back the
+batch dimension, ``[B, T, ...]``, before its rules see them (:func:`unflatten_tokens`).
+
 The check (:func:`check_batch_dim`): the output of every captured layer call (and so its output
 gradient, which autograd gives the output's shape) must have B at the batch dimension; otherwise
 :class:`~dptrain.errors.UnsupportedModuleError` names the submodule and the fix. A layer whose
@@ -141,3 +147,73 @@ def check_batch_dim(name: str, tensors: Sequence[Tensor], batch: PassBatch, batc
                 f"layer's output is then expanded to the batch."
             )
     return batch.size
+
+
+@dataclass(frozen=True)
+class FlatTokens:
+    """The batch's tokens as a token-flattening module flattened them.
+
+    Attributes:
+        block: the module's path (for errors).
+        batch: B; ``tokens``: T, the tokens per sample (rows per sample of the flattened tensors).
+    """
+
+    block: str
+    batch: int
+    tokens: int
+
+    @property
+    def rows(self) -> int:
+        """``B * T``: the rows of every flattened tensor."""
+        return self.batch * self.tokens
+
+
+def flat_tokens_of(name: str, x: Any, batch: PassBatch, batch_first: bool) -> FlatTokens:
+    """The :class:`FlatTokens` of a token-flattening module called with first input ``x``
+    ``[B, T, ..., H]`` (``[T, B, ..., H]`` sequence first): T is the product of its dims other than
+    the batch dim and the last.
+
+    Raises:
+        UnsupportedModuleError: ``x`` is not a tensor with the pass's B at the batch dimension.
+    """
+    dim = _batch_dim(batch_first)
+    if batch.size is None or not isinstance(x, Tensor) or x.dim() < 2 or x.dim() <= dim or x.shape[dim] != batch.size:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise UnsupportedModuleError(
+            f"Submodule '{name}' flattens the batch's tokens before its layers (a mixture-of-experts "
+            f"block), so the sample of each flattened row is read from its first input, which must "
+            f"have the batch of {batch.size} examples at dim {dim} and the features last; it got "
+            f"{shape}. Call it on the hidden states [B, T, H] of the batch (batch_first="
+            f"{batch_first})."
+        )
+    tokens = 1
+    for i, size in enumerate(x.shape[:-1]):
+        if i != dim:
+            tokens *= size
+    return FlatTokens(name, batch.size, tokens)
+
+
+def check_flat_rows(name: str, tensors: Sequence[Tensor], flat: FlatTokens) -> int:
+    """Return B after checking that every output of a layer called inside a token-flattening
+    module has its ``B * T`` flattened rows at dim 0.
+
+    Raises:
+        UnsupportedModuleError: an output with another number of rows (not one row per token).
+    """
+    for out in tensors:
+        if out.dim() == 0 or out.shape[0] != flat.rows:
+            raise UnsupportedModuleError(
+                f"Submodule '{name}' runs inside '{flat.block}', which flattens the batch's tokens "
+                f"({flat.batch} examples x {flat.tokens} tokens = {flat.rows} rows), but it returned "
+                f"a tensor of shape {tuple(out.shape)} without those rows at dim 0, so its rows "
+                f"cannot be assigned to examples. Inside such a module, call layers with trainable "
+                f"parameters on the flattened tokens [{flat.rows}, features] only."
+            )
+    return flat.batch
+
+
+def unflatten_tokens(t: Tensor, flat: FlatTokens, batch_first: bool) -> Tensor:
+    """``t`` ``[B * T, ...]`` (rows in the model's layout) as ``[B, T, ...]`` (a view)."""
+    if batch_first:
+        return t.unflatten(0, (flat.batch, flat.tokens))
+    return t.unflatten(0, (flat.tokens, flat.batch)).movedim(1, 0)

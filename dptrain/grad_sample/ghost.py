@@ -73,7 +73,7 @@ from dptrain.grad_sample.ghost_registry import (
 )
 from dptrain.grad_sample.ghost_vjp import vjp_clipped_sums
 from dptrain.grad_sample.module import LOSS_REDUCTIONS, GradSampleModule, LayerCall, _trainable_direct, bookkeeping
-from dptrain.grad_sample.registry import get_grad_sampler, get_norm_sampler
+from dptrain.grad_sample.registry import get_grad_sampler, get_norm_sampler, get_output_gradient
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +92,19 @@ class _AttachToGraph(torch.autograd.Function):
     def forward(ctx: Any, anchor: Tensor, output: Tensor) -> Tensor:
         ctx.mark_dirty(output)
         return output
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor]:
+        return None, grad
+
+
+class _AttachInput(torch.autograd.Function):
+    """Identity on ``x`` (a view) that requires grad through a dummy leaf: a layer's input attached
+    before its forward, so that outputs computed from one another stay linked in the graph."""
+
+    @staticmethod
+    def forward(ctx: Any, anchor: Tensor, x: Tensor) -> Tensor:
+        return x.view_as(x)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor]:
@@ -187,16 +200,28 @@ class GhostClippingModule(GradSampleModule):
                 layer.register_forward_hook(self._restore_params, prepend=True, always_call=True)
             )
 
-    def _freeze_params(self, layer: nn.Module, args: tuple) -> None:
-        """Make the layer's trainable own params not require grad for this forward call."""
+    def _freeze_params(self, layer: nn.Module, args: tuple) -> Optional[tuple]:
+        """Make the layer's trainable own params not require grad for this forward call.
+
+        A layer with an output-gradient rule (several outputs, some computed from others: a
+        router's top-k weights from its logits) whose inputs do not require grad gets its first
+        input attached to the graph instead of its outputs afterwards (returned as the new
+        arguments): outputs attached one by one would lose the links between them, and the
+        gradient its rule reads would miss the paths through the others."""
         with bookkeeping():
             if not self._capturing(layer) or id(layer) in self._frozen_by_us:
-                return
+                return None
             params = _trainable_direct(layer)
             for p in params:
                 self._grad_before.setdefault(id(p), _grad_state(p))
                 p.requires_grad_(False)
             self._frozen_by_us[id(layer)] = params
+            floating = [a for a in args if isinstance(a, Tensor) and a.is_floating_point()]
+            if get_output_gradient(layer) is None or not floating or any(a.requires_grad for a in floating):
+                return None
+            first = next(i for i, a in enumerate(args) if a is floating[0])
+        attached = _AttachInput.apply(self._anchor, args[first])  # tracked: the pass's provenance
+        return (*args[:first], attached, *args[first + 1 :])
 
     def _restore_params(self, layer: nn.Module, args: tuple, output: Any) -> None:
         """Restore requires_grad; attach outputs to the graph when nothing else did (in place:
@@ -251,6 +276,8 @@ class GhostClippingModule(GradSampleModule):
         layer = call.layer
         partners = self._tied.get(id(layer), [])
         capable = isinstance(backprops, Tensor) and has_ghost_rules(layer) and tie_allows_ghost(layer, partners)
+        if call.flat is not None and get_clipped_sum(layer) is None:
+            capable = False  # the reweighted re-run (ghost_vjp) needs the batch dimension
         if not capable or self.strategy == INSTANTIATE:
             choice = INSTANTIATE
         elif self.strategy == GHOST or partners:  # tied: both sides ghost, for the cross term

@@ -52,6 +52,7 @@ SCALE_NORMS: tuple[str, ...] = tuple(
         ("qwen2_moe", "Qwen2MoeRMSNorm"),
         ("qwen3", "Qwen3RMSNorm"),
         ("qwen3_moe", "Qwen3MoeRMSNorm"),
+        ("olmoe", "OlmoeRMSNorm"),
         ("phi3", "Phi3RMSNorm"),
         ("gemma", "GemmaRMSNorm"),
         ("gemma2", "Gemma2RMSNorm"),

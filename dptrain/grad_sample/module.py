@@ -66,11 +66,18 @@ from torch.utils._pytree import tree_leaves, tree_map_only
 from dptrain.errors import ConfigError, UnsupportedModuleError
 from dptrain.grad_sample.accumulate import BackwardRows, ForwardPass, PerPassStore
 from dptrain.grad_sample.audit import BackwardAudit
-from dptrain.grad_sample.batch import check_batch_dim, pass_batch_size
+from dptrain.grad_sample.batch import (
+    FlatTokens,
+    check_batch_dim,
+    check_flat_rows,
+    flat_tokens_of,
+    pass_batch_size,
+    unflatten_tokens,
+)
 from dptrain.grad_sample.broadcast import BatchProvenance, broadcast_inputs, broadcast_output, broadcast_rule
 from dptrain.grad_sample.functorch import functorch_grad_samples
 from dptrain.grad_sample.ghost_math import dropped_samples, norm_dtype, sq_norms, weighted_sample_sum
-from dptrain.grad_sample.registry import get_grad_sampler
+from dptrain.grad_sample.registry import flattens_tokens, get_grad_sampler, get_output_gradient
 from dptrain.layers import DPMultiheadAttention, DPRNNBase
 from dptrain.validation import ModuleValidator
 
@@ -107,6 +114,8 @@ class LayerCall:
         out_leaves: positions of the differentiable outputs in ``tree_leaves(output)``;
         out_shapes / out_dtypes: theirs; ``grads``: their gradients once known.
         group: the layer's uses in this pass (see :class:`UseGroup`).
+        flat: the flattened tokens when the call ran inside a token-flattening module (its
+            per-token tensors have ``B * T`` rows at dim 0, no batch dimension), else None.
     """
 
     layer: nn.Module
@@ -121,6 +130,7 @@ class LayerCall:
     out_dtypes: list[torch.dtype]
     grads: list[Optional[Tensor]] = field(default_factory=list)
     group: UseGroup = field(default_factory=UseGroup)
+    flat: Optional[FlatTokens] = None
 
     @property
     def rows_id(self) -> int:
@@ -335,6 +345,8 @@ class GradSampleModule(nn.Module):
         self._pass: Optional[ForwardPass] = None
         self._model_depth = 0  # nesting of the wrapped model's forward calls (0: outside)
         self._provenance: Optional[BatchProvenance] = None  # active during a pass's forward
+        # token-flattening modules running now, innermost last (None: one running outside a pass)
+        self._flat_tokens: list[Optional[FlatTokens]] = []
         self._rows = BackwardRows()
         self._in_backward = False
         self._deferred: dict[int, LayerCall] = {}
@@ -423,6 +435,10 @@ class GradSampleModule(nn.Module):
         # After the layer hooks: a model that is itself a layer captures before its pass closes.
         self._handles.append(self._module.register_forward_pre_hook(self._enter_model, with_kwargs=True))
         self._handles.append(self._module.register_forward_hook(self._leave_model, always_call=True))
+        for name, layer in self._module.named_modules():  # after the model's: its pass has begun
+            if flattens_tokens(layer):
+                self._handles.append(layer.register_forward_pre_hook(partial(self._enter_flattening, name)))
+                self._handles.append(layer.register_forward_hook(self._leave_flattening, always_call=True))
         for _, param in self.model_parameters():
             if param.requires_grad:
                 self._handles.append(param.register_hook(partial(self._on_param_grad, param)))
@@ -436,6 +452,21 @@ class GradSampleModule(nn.Module):
         self._handles.clear()
         self._hooks_enabled = False
         _WRAPPED.discard(self._module)
+
+    def _enter_flattening(self, name: str, layer: nn.Module, args: tuple) -> None:
+        """Forward pre-hook of a token-flattening module: the layers it calls take the batch's
+        tokens flattened (:class:`~dptrain.grad_sample.batch.FlatTokens`, read from its input)."""
+        if self._model_depth == 0 or self._capture_paused or self._pass is None:
+            self._flat_tokens.append(None)  # outside a pass: nothing is captured
+            return
+        with bookkeeping():
+            x = args[0] if args else None
+            self._flat_tokens.append(flat_tokens_of(name, x, self._pass.batch, self.batch_first))
+
+    def _leave_flattening(self, layer: nn.Module, args: tuple, output: Any) -> None:
+        """Forward hook of a token-flattening module (also run when its forward raised)."""
+        if self._flat_tokens:
+            self._flat_tokens.pop()
 
     def _capturing(self, layer: nn.Module) -> bool:
         """Whether a forward call of ``layer`` must be recorded now."""
@@ -480,10 +511,14 @@ class GradSampleModule(nn.Module):
             for out in outputs:
                 out.register_hook(partial(self._refuse_outside_call, name))
             return None
-        args, kwargs, replaced = self._broadcast_shared_inputs(name, layer, args, kwargs, output)
-        if replaced is not None:
-            outputs = [replaced]
-        batch = self._check_output_batch(name, outputs)
+        flat = self._flat_tokens[-1] if self._flat_tokens else None
+        if flat is not None:  # rows of the batch's flattened tokens: none of them is shared
+            replaced, batch = None, check_flat_rows(name, outputs, flat)
+        else:
+            args, kwargs, replaced = self._broadcast_shared_inputs(name, layer, args, kwargs, output)
+            if replaced is not None:
+                outputs = [replaced]
+            batch = self._check_output_batch(name, outputs)
         call = LayerCall(
             layer=layer,
             name=name,
@@ -497,6 +532,7 @@ class GradSampleModule(nn.Module):
             out_dtypes=[t.dtype for t in outputs],
             grads=[None] * len(outputs),
             group=forward_pass.uses.setdefault(id(layer), UseGroup()),
+            flat=flat,
         )
         call.group.expected += 1
         for index, out in enumerate(outputs):
@@ -608,12 +644,15 @@ class GradSampleModule(nn.Module):
         self._rows.rows_of(call.forward_pass)
         self._check_inputs_unchanged(call)
         self._audit.covered(_trainable_direct(call.layer))
-        dim = self._batch_dim
-        backprops = [g.movedim(dim, 0) for g in grads]
+        backprops = [self._batch_first(call, g) for g in grads]
         if self.loss_reduction == "mean":
             backprops = [g * call.batch_size for g in backprops]
         inputs = positional_inputs(call.layer, call.args, call.kwargs)
-        activations = [a.movedim(dim, 0) if isinstance(a, Tensor) and a.dim() > dim else a for a in inputs]
+        activations = [self._batch_first(call, a) if isinstance(a, Tensor) else a for a in inputs]
+        fold = get_output_gradient(call.layer) if len(backprops) > 1 else None
+        if fold is not None:  # several outputs, one use in the form the layer's rules read
+            activations, folded = fold(call.layer, activations, tuple(backprops))
+            backprops = [folded]
         if not self._merges_uses(call, len(backprops)):
             self._on_backprop(call, activations, backprops[0] if len(backprops) == 1 else tuple(backprops))
         else:
@@ -625,6 +664,16 @@ class GradSampleModule(nn.Module):
         # dropping its inputs here lets each activation be freed as soon as its layer is done
         # (as plain autograd frees its saved tensors), instead of all of them living to the end.
         call.args, call.kwargs = (), {}
+
+    def _batch_first(self, call: LayerCall, t: Tensor) -> Tensor:
+        """A per-sample tensor of ``call`` with the batch at dim 0: moved there, or, for a call on
+        flattened tokens, its ``B * T`` rows unflattened to ``[B, T, ...]`` (other tensors as they
+        are)."""
+        if call.flat is None:
+            return t.movedim(self._batch_dim, 0) if t.dim() > self._batch_dim else t
+        if t.dim() == 0 or t.shape[0] != call.flat.rows:
+            return t
+        return unflatten_tokens(t, call.flat, self.batch_first)
 
     @staticmethod
     def _merges_uses(call: LayerCall, num_outputs: int) -> bool:
@@ -694,7 +743,20 @@ class GradSampleModule(nn.Module):
         return {p: _checked_grad_sample(call, p, g) for p, g in own}
 
     def _fallback_grads(self, call: LayerCall, backprops: Tensor | tuple[Tensor, ...]) -> dict[nn.Parameter, Tensor]:
-        """Per-sample gradients by ``torch.func`` for a layer without a registered sampler."""
+        """Per-sample gradients by ``torch.func`` for a layer without a registered sampler.
+
+        Refused for a call on flattened tokens: the re-run finds each sample's rows by the batch
+        dimension, which those tensors do not have."""
+        if call.flat is not None:
+            kind = type(call.layer).__name__
+            raise UnsupportedModuleError(
+                f"Submodule '{call.name}' ({kind}) runs on the batch's flattened tokens inside "
+                f"'{call.flat.block}' and has no grad sampler for its outputs, so its per-sample "
+                f"gradients cannot be formed (the torch.func fallback needs a batch dimension). "
+                f"Freeze its parameters (requires_grad_(False)), or register rules for {kind} "
+                f"(dptrain.register_grad_sampler; several outputs also need "
+                f"dptrain.grad_sample.registry.register_output_gradient)."
+            )
         grads = (backprops,) if isinstance(backprops, Tensor) else backprops
         self._capture_paused = True
         try:

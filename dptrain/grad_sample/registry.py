@@ -20,6 +20,18 @@ subclasses unless they have their own. The last registration for a type wins.
 A type may also be named by its qualified class name (``"transformers.pytorch_utils.Conv1D"``:
 ``cls.__module__ + "." + cls.__qualname__``). The rules for third-party layers are registered
 that way, so that dptrain never imports a library (transformers, peft) the model does not use.
+
+Two properties of a layer type change what its rules receive, for every mode alike:
+
+- a *token-flattening* module (``register_token_flattening``: a mixture-of-experts block) runs its
+  children on the batch's tokens flattened in the model's layout (``x.view(-1, H)`` of
+  ``[B, T, H]``: row ``r`` belongs to sample ``r // T``). Every layer called inside its forward may
+  then have ``B * T`` rows instead of B; its inputs and output gradients with those rows reach its
+  rules as ``[B, T, ...]``, so a Linear over the flattened tokens gets the Linear rules.
+- an *output-gradient* rule (``register_output_gradient``: ``fn(layer, activations, grads) ->
+  (activations, backprops)``) folds the gradients of a layer's several differentiable outputs into
+  the one use its rules read (a router returns logits and the top-k weights, both functions of one
+  ``x W^T``: the rule gives that product's gradient, and the router gets Linear-like rules).
 """
 
 from __future__ import annotations
@@ -33,8 +45,12 @@ NormSampler = Callable[[nn.Module, list[Tensor], Tensor], dict[nn.Parameter, Ten
 
 LayerKey = type | str  # a layer class, or its qualified name "package.module.ClassName"
 
+OutputGradient = Callable[[nn.Module, list[Tensor], tuple[Tensor, ...]], tuple[list[Tensor], Tensor]]
+
 GRAD_SAMPLERS: dict[LayerKey, GradSampler] = {}
 NORM_SAMPLERS: dict[LayerKey, NormSampler] = {}
+OUTPUT_GRADIENTS: dict[LayerKey, OutputGradient] = {}
+TOKEN_FLATTENING: dict[LayerKey, bool] = {}
 
 
 def qualified_name(cls: type) -> str:
@@ -88,6 +104,24 @@ def register_norm_sampler(*types: LayerKey) -> Callable[[NormSampler], NormSampl
     return _register(NORM_SAMPLERS, "register_norm_sampler", types)
 
 
+def register_output_gradient(*types: LayerKey) -> Callable[[OutputGradient], OutputGradient]:
+    """Decorator: the decorated ``fn(layer, activations, grads) -> (activations, backprops)`` folds
+    the output gradients of a layer with several differentiable outputs (``grads``, each batch
+    first) into one use ``(activations, backprops: Tensor)``, the form its other rules read."""
+    return _register(OUTPUT_GRADIENTS, "register_output_gradient", types)
+
+
+def register_token_flattening(*types: LayerKey) -> None:
+    """Declare that each module type in ``types`` runs its children on the batch's tokens flattened
+    in the model's layout: its forward reshapes its first input ``[B, T, ..., H]`` (batch first;
+    ``[T, B, ..., H]`` sequence first) to ``[B * T * ..., H]`` in that order, and every layer it
+    calls with trainable parameters takes and returns tensors of those rows. Only declare it for a
+    module whose forward does exactly that: the rows' samples are read from that order."""
+    _check_types("register_token_flattening", types)
+    for t in types:
+        TOKEN_FLATTENING[t] = True
+
+
 def _lookup(table: dict[LayerKey, Callable], layer_type: type) -> Optional[Callable]:
     """Return the entry of the first class in ``layer_type``'s MRO present in ``table`` (by the
     class itself, else by its qualified name)."""
@@ -110,6 +144,18 @@ def get_norm_sampler(layer: nn.Module | type) -> Optional[NormSampler]:
     """The norm sampler for a layer (instance or type), walking the MRO; None if there is none."""
     _ensure_builtin_samplers()
     return _lookup(NORM_SAMPLERS, layer if isinstance(layer, type) else type(layer))
+
+
+def get_output_gradient(layer: nn.Module) -> Optional[OutputGradient]:
+    """The output-gradient rule of ``layer`` (MRO walk), or None."""
+    _ensure_builtin_samplers()
+    return _lookup(OUTPUT_GRADIENTS, type(layer))
+
+
+def flattens_tokens(layer: nn.Module) -> bool:
+    """Whether ``layer``'s type was declared token-flattening (MRO walk)."""
+    _ensure_builtin_samplers()
+    return _lookup(TOKEN_FLATTENING, type(layer)) is not None
 
 
 _BUILTINS_LOADED = False
