@@ -71,3 +71,15 @@ def test_a_tiny_gemma_fine_tunes_with_lora_through_the_command(
                      "model.lora={r:2,alpha:4,target_modules:[q_proj,v_proj]}")
     ledger = read_json(run_dir / "privacy_ledger.json")
     assert ledger["status"] == "completed" and ledger["mechanism"]["grad_sample_mode"] == "hooks"
+
+
+@pytest.mark.parametrize("family, task", [("gemma2", "sequence_classification"), ("gemma3", "causal_lm")])
+def test_a_tiny_gemma_fine_tunes_fully_in_hooks_mode_through_the_command(
+        files: Path, family: str, task: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture) -> None:
+    # hooks mode audits the per-sample gradients' sum: Gemma's scaled embedding failed it before
+    name = f"{family}_{task}"
+    run_dir = _train(files, name, task, f"{name}_hooks", monkeypatch, capsys,
+                     "privacy.grad_sample_mode=hooks", "model.freeze_embeddings=false")
+    ledger = read_json(run_dir / "privacy_ledger.json")
+    assert ledger["status"] == "completed" and ledger["mechanism"]["grad_sample_mode"] == "hooks"

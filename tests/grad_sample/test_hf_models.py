@@ -9,10 +9,11 @@ recomputation (each sample alone, its own loss).
 import re
 
 import pytest
+import torch
 from torch import nn
 
 from dptrain.errors import ConfigError, UnsupportedModuleError
-from dptrain.grad_sample.check import check_per_sample_gradients
+from dptrain.grad_sample.check import check_per_sample_gradients, microbatch_grad_samples
 from dptrain.grad_sample.coverage import fallback_layers
 from dptrain.grad_sample.ghost import GhostClippingModule
 from dptrain.grad_sample.module import GradSampleModule
@@ -49,6 +50,20 @@ def test_gemma_per_sample_gradients_are_exact_when_the_model_is_float64_througho
     tolerance = 1e-12 if "_sdpa" in name else 1e-6
     worst = {n: e for n, e in errors.items() if not e <= tolerance}
     assert not worst, worst
+
+
+@pytest.mark.parametrize("name", GEMMA)
+def test_gemma_ghost_norms_equal_the_norms_of_micro_batch_gradients(name) -> None:
+    # Ghost mode forms no per-sample gradient whose sum could be audited: a rule missing the
+    # embedding's scale (sqrt(hidden_size)) gave norms hidden_size times too small, silently.
+    case = make_case(name)
+    truth = microbatch_grad_samples(case.model, case.inputs, case.targets, case.loss_fn)
+    ghost = GhostClippingModule(case.model)
+    case.loss_fn(ghost(*case.inputs), case.targets).backward()
+    norms = ghost.squared_norms()
+    for param_name, p in ghost.trainable_parameters():
+        expected = truth[param_name].flatten(1).square().sum(1)
+        torch.testing.assert_close(norms[p], expected, rtol=1e-5, atol=1e-12, msg=param_name)
 
 
 def test_the_gemma_word_embedding_is_scaled_and_tied_to_the_lm_head_and_both_stay_ghost() -> None:
