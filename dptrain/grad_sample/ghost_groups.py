@@ -115,10 +115,19 @@ class GroupedGhost:
         self._uses: dict[int, Use] = {}
 
     def _use(self, entry: _GhostEntry) -> Use:
+        """The entry's grouped use: kept only for a tied layer (its cross term needs it again), so
+        that the peak memory holds one layer's grouped copy beside the stored A and G."""
         key = id(entry)
-        if key not in self._uses:
-            self._uses[key] = grouped_use(entry.layer, self.ghost._merged_use(entry), self.layout)
-        return self._uses[key]
+        if key in self._uses:
+            return self._uses[key]
+        use = grouped_use(entry.layer, self.ghost._merged_use(entry), self.layout)
+        if self.ghost._tied.get(id(entry.layer)):
+            self._uses[key] = use
+        return use
+
+    def release(self) -> None:
+        """Drop the grouped uses kept for tied layers."""
+        self._uses.clear()
 
     def _instantiated_sums(self) -> dict[nn.Parameter, Tensor]:
         """``{p: [G, *p.shape]}`` group sums of the instantiated layers' captured per-row gradients."""

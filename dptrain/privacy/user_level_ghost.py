@@ -74,6 +74,7 @@ class GhostUserLevelClipper(UserLevelClipper):
         cut = sorted(({0} if carried else set()) | ({users - 1} if complete < users else set()))
         dense = dict(zip(cut, _split(grouped.group_gradients(cut), len(cut)))) if cut else {}
         norms = grouped.squared_norms(factors)
+        grouped.release()
         if carried:  # the first user's rows of earlier chunks join this chunk's
             dense[0] = {p: carried[2][p] + g for p, g in dense[0].items()}
             if complete:
