@@ -176,8 +176,8 @@ class GroupedGhost:
                     f"user-level ghost clipping: a user's examples are split between two chunks "
                     f"and layer '{entry.name}' ({type(entry.layer).__name__}) has a norm sampler but "
                     f"no grad sampler to carry their partial gradient; register one "
-                    f"(dptrain.register_grad_sampler), or keep each user in one chunk "
-                    f"(max_physical_batch_size >= max_examples_per_user, the users' rows whole).")
+                    f"(dptrain.register_grad_sampler), or use grad_sample_mode='hooks' "
+                    f"(privacy.grad_sample_mode=hooks).")
             grads = _trainable_only(entry.layer, sampler(entry.layer, rows, backprops[index]))
             for p, g in grads.items():
                 g = g.to(norm_dtype(p)) * self.scale
