@@ -228,3 +228,34 @@ def e2e_rows(count: int) -> list[dict[str, object]]:
     return [{"mr": f"name the pub area riverside serves {foods[i % 3]}",
              "ref": f"the pub is in the riverside area and serves cheap {foods[i % 3]}"}
             for i in range(count)]
+
+
+# ----------------------------------------------------------------------------- other families
+GEMMA_FAMILIES = ("gemma2", "gemma3")
+
+
+def save_tiny_gemma(folder: Path, family: str, task: str = "causal_lm", seed: int = 0) -> Path:
+    """A tiny random-init Gemma 2 or Gemma 3 (text) model saved in `folder` with Llama's tokenizer
+    format (byte-fallback BPE, as Gemma's own; `</s>` to pad with: 'model.pad_token="</s>"'):
+    a causal LM (`task="causal_lm"`, the LM head tied to the scaled word embedding) or a sequence
+    classifier (`task="sequence_classification"`). Layer 0 slides, layer 1 attends fully; dropout
+    0 (Gemma's default). Returns `folder`."""
+    import torch
+
+    torch.manual_seed(seed)
+    tokenizer = llama_tokenizer()
+    t = transformers
+    config_cls = t.Gemma2Config if family == "gemma2" else t.Gemma3TextConfig
+    config = config_cls(vocab_size=len(tokenizer), hidden_size=WIDTH, intermediate_size=2 * WIDTH,
+                        num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=1,
+                        head_dim=WIDTH // HEADS, query_pre_attn_scalar=WIDTH // HEADS,
+                        max_position_embeddings=MAX_POSITIONS, sliding_window=8,
+                        layer_types=["sliding_attention", "full_attention"], num_labels=2,
+                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    if task == "causal_lm":
+        cls = t.Gemma2ForCausalLM if family == "gemma2" else t.Gemma3ForCausalLM
+    else:
+        cls = t.Gemma2ForSequenceClassification if family == "gemma2" else t.Gemma3TextForSequenceClassification
+    cls(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)

@@ -60,6 +60,7 @@ from dptrain.grad_sample.ghost_registry import (
     Weights,
     register_clipped_sum,
     register_cross_term,
+    register_row_grouper,
     register_use_compactor,
 )
 from dptrain.grad_sample.registry import register_norm_sampler
@@ -164,6 +165,19 @@ def embedding_compact_use(layer: nn.Embedding, activations: list[Tensor], backpr
     rows = shared.clone()  # a copy: a view of the gradient would keep all of it alive
     middle = [1] * (backprops.dim() - 2)
     return activations, rows.view(rows.shape[0], *middle, rows.shape[1]).expand(backprops.shape)
+
+
+@register_row_grouper(nn.Embedding)
+def embedding_concat_positions(layer: nn.Embedding, uses: list[Use]) -> Use:
+    """Fold uses of the same rows into one by concatenating their positions: ids ``[B, *]`` ->
+    ``[B, N]``, gradients ``[B, *, D]`` -> ``[B, N, D]``. Row i's gradient of the sum of uses is
+    ``sum_t onehot(x_t) g_t^T`` over all of them, which every Embedding rule reads as one use.
+
+    Registered to group the examples of a user (user-level ghost clipping), not as a use merger:
+    a merger would also change which layers example-level ghost mode instantiates."""
+    ids = torch.cat([acts[0].reshape(acts[0].shape[0], -1) for acts, _ in uses], dim=1)
+    grads = torch.cat([g.reshape(g.shape[0], -1, g.shape[-1]) for _, g in uses], dim=1)
+    return [ids], grads
 
 
 def _token_ids(layer: nn.Embedding, tokens: Tensor) -> tuple[Tensor, Tensor, Optional[Tensor]]:

@@ -24,6 +24,12 @@ An *instantiator* (``register_instantiator``, same signature as a grad sampler) 
 sampler when the ghost module instantiates a layer and a faster kernel exists (convolutions: one
 grouped convolution over the batch instead of unfolding).
 
+A *row grouper* (``register_row_grouper``, same signature as a use merger) folds uses that hold
+different rows of the same group (the examples of one user, each use one example per user) into
+one use whose row is the group: user-level ghost clipping
+(:mod:`~dptrain.grad_sample.ghost_groups`) takes a layer's row grouper, else its use merger (a
+layer whose gradient is a sum over positions folds both the same way), else instantiates it.
+
 A *cross-term rule* (``register_cross_term(TypeA, TypeB)``) serves two layers that share a
 parameter (tied weights): ``fn(layer_a, use_a, layer_b, use_b) -> {param: Tensor[B]}`` gives, per
 shared parameter, each sample's inner product ``<grad_i(a), grad_i(b)>`` of the two layers'
@@ -60,6 +66,7 @@ INSTANTIATORS: dict[LayerKey, Instantiator] = {}
 GHOST_COSTS: dict[LayerKey, GhostCost] = {}
 USE_MERGERS: dict[LayerKey, UseMerger] = {}
 USE_COMPACTORS: dict[LayerKey, UseCompactor] = {}
+ROW_GROUPERS: dict[LayerKey, UseMerger] = {}
 CROSS_TERMS: dict[tuple[LayerKey, LayerKey], CrossTerm] = {}
 
 
@@ -81,6 +88,12 @@ def register_ghost_cost(*types: LayerKey) -> Callable[[GhostCost], GhostCost]:
 def register_use_merger(*types: LayerKey) -> Callable[[UseMerger], UseMerger]:
     """Register ``fn(layer, uses) -> (activations, backprops)`` folding one backward's uses."""
     return _register(USE_MERGERS, "register_use_merger", types)
+
+
+def register_row_grouper(*types: LayerKey) -> Callable[[UseMerger], UseMerger]:
+    """Register ``fn(layer, uses) -> (activations, backprops)`` folding uses that hold different
+    rows of the same groups into one use with a row per group (see the module docstring)."""
+    return _register(ROW_GROUPERS, "register_row_grouper", types)
 
 
 def register_use_compactor(*types: LayerKey) -> Callable[[UseCompactor], UseCompactor]:
@@ -123,6 +136,12 @@ def get_instantiator(layer: nn.Module) -> Optional[Instantiator]:
 def get_use_merger(layer: nn.Module) -> Optional[UseMerger]:
     """The rule folding several uses of ``layer`` in one backward into one, or None."""
     return _lookup(USE_MERGERS, _of(layer))
+
+
+def get_row_grouper(layer: nn.Module) -> Optional[UseMerger]:
+    """The rule folding rows of the same group into one (a row grouper, else the use merger), or
+    None: the layer's gradient is not a sum over positions that concatenation preserves."""
+    return _lookup(ROW_GROUPERS, _of(layer)) or get_use_merger(layer)
 
 
 def get_use_compactor(layer: nn.Module) -> Optional[UseCompactor]:

@@ -13,6 +13,13 @@ imports ``transformers``: the rules apply as soon as a model contains such a lay
   ``layer(x; w = 1) - layer(x; w = 0)``, exact for both forms (and in the layer's own precision).
 - ``ViTEmbeddings``: the class token and position table are added to every sample's patch
   embeddings, so their per-sample gradients are slices of the output gradient (:func:`vit_embeddings_grad_sample`).
+- the scaled word embeddings (:data:`SCALED_EMBEDDINGS`: Gemma 1-3, BART, ...): ``nn.Embedding``
+  subclasses whose forward is ``embedding(ids) * embed_scale`` (Gemma: sqrt(hidden_size)). The
+  gradient reaching the table is the output gradient times the scale, so every ``nn.Embedding``
+  rule (per-sample gradients, ghost norms, clipped sums, the cross term of an LM head tied to it)
+  serves them on ``G * embed_scale``, the product autograd's own backward forms
+  (:func:`scaled_embedding_backprops`). Without these rules the ``nn.Embedding`` ones would apply
+  through the class hierarchy and miss the scale.
 """
 
 from __future__ import annotations
@@ -28,10 +35,18 @@ from dptrain.grad_sample.ghost_linear import (
     linear_norms,
     linear_prefers_ghost,
 )
+from dptrain.grad_sample.embedding import embedding_grad_sample
+from dptrain.grad_sample.ghost_embedding import (
+    embedding_clipped_sum,
+    embedding_linear_cross_term,
+    embedding_norms,
+)
 from dptrain.grad_sample.ghost_math import as_sequence, weighted_bias_sum
 from dptrain.grad_sample.ghost_registry import (
+    Use,
     Weights,
     register_clipped_sum,
+    register_cross_term,
     register_ghost_cost,
     register_use_merger,
 )
@@ -66,6 +81,28 @@ SCALE_NORMS: tuple[str, ...] = tuple(
 )
 
 VIT_EMBEDDINGS = "transformers.models.vit.modeling_vit.ViTEmbeddings"
+
+# Word embeddings whose forward is ``super().forward(ids) * self.embed_scale`` (a float, or a
+# 0-d buffer cast to the weight's dtype), checked against each class's source;
+# tests/grad_sample/test_hf_layers.py runs every one that exists.
+SCALED_EMBEDDINGS: tuple[str, ...] = tuple(
+    f"transformers.models.{family}.modeling_{family}.{cls}"
+    for family, cls in (
+        ("gemma", "GemmaTextScaledWordEmbedding"),
+        ("gemma2", "Gemma2TextScaledWordEmbedding"),
+        ("gemma3", "Gemma3TextScaledWordEmbedding"),
+        ("gemma3n", "Gemma3nTextScaledWordEmbedding"),
+        ("vaultgemma", "VaultGemmaTextScaledWordEmbedding"),
+        ("bart", "BartScaledWordEmbedding"),
+        ("mbart", "MBartScaledWordEmbedding"),
+        ("plbart", "PLBartScaledWordEmbedding"),
+        ("m2m_100", "M2M100ScaledWordEmbedding"),
+        ("blenderbot", "BlenderbotScaledWordEmbedding"),
+        ("biogpt", "BioGptScaledWordEmbedding"),
+        ("xglm", "XGLMScaledWordEmbedding"),
+        ("trocr", "TrOCRScaledWordEmbedding"),
+    )
+)
 
 
 # ---------------------------------------------------------------------------------- Conv1D
@@ -174,3 +211,52 @@ def vit_embeddings_grad_sample(
         weight = masked.to(backprops.dtype).unsqueeze(-1)  # [B, N, 1]
         grads[mask_token] = (backprops[:, 1:] * weight).sum(dim=1)[:, None, None, :]
     return grads
+
+
+# ---------------------------------------------------------------------------------- scaled embeddings
+def scaled_embedding_backprops(layer: nn.Embedding, backprops: Tensor) -> Tensor:
+    """The gradient reaching the table of ``embedding(ids) * embed_scale``: ``G * embed_scale``.
+
+    ``[B, *, D]`` -> ``[B, *, D]``, with the scale as the forward multiplies by it (a 0-d buffer cast
+    to the weight's dtype, or a Python float), so the product is the one autograd forms.
+    """
+    scale = layer.embed_scale
+    return backprops * (scale.to(layer.weight.dtype) if isinstance(scale, Tensor) else scale)
+
+
+@register_grad_sampler(*SCALED_EMBEDDINGS)
+def scaled_embedding_grad_sample(
+    layer: nn.Embedding, activations: list[Tensor], backprops: Tensor
+) -> dict[nn.Parameter, Tensor]:
+    """Per-sample gradients ``[B, V, D]`` of a scaled word embedding (ids ``[B, *]``, G ``[B, *, D]``)."""
+    return embedding_grad_sample(layer, activations, scaled_embedding_backprops(layer, backprops))
+
+
+@register_norm_sampler(*SCALED_EMBEDDINGS)
+def scaled_embedding_norms(
+    layer: nn.Embedding, activations: list[Tensor], backprops: Tensor
+) -> dict[nn.Parameter, Tensor]:
+    """``{weight: [B]}`` squared norms (upper bounds) of a scaled word embedding's gradients."""
+    return embedding_norms(layer, activations, scaled_embedding_backprops(layer, backprops))
+
+
+@register_clipped_sum(*SCALED_EMBEDDINGS)
+def scaled_embedding_clipped_sum(
+    layer: nn.Embedding, activations: list[Tensor], backprops: Tensor, weights: Weights
+) -> dict[nn.Parameter, Tensor]:
+    """``{weight: sum_i w_i grad_i}`` (``[V, D]``) of a scaled word embedding."""
+    return embedding_clipped_sum(layer, activations, scaled_embedding_backprops(layer, backprops), weights)
+
+
+def scaled_embedding_linear_cross_term(
+    embedding: nn.Embedding, embedding_use: Use, head: nn.Linear, head_use: Use
+) -> dict[nn.Parameter, Tensor]:
+    """The cross term of an LM head tied to a scaled word embedding (Gemma ties them by default):
+    the ``nn.Embedding`` rule on the scaled embedding gradient."""
+    activations, backprops = embedding_use
+    scaled = (activations, scaled_embedding_backprops(embedding, backprops))
+    return embedding_linear_cross_term(embedding, scaled, head, head_use)
+
+
+for _name in SCALED_EMBEDDINGS:
+    register_cross_term(_name, nn.Linear)(scaled_embedding_linear_cross_term)

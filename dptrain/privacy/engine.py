@@ -67,8 +67,9 @@ from dptrain.privacy.plan import (  # noqa: F401  (GRAD_SAMPLE_MODES: re-exporte
     selection_for,
 )
 from dptrain.privacy.schedules import Schedule, as_schedule
-from dptrain.privacy.user_level import (UserLevelClipper, UserLevelRequest,
+from dptrain.privacy.user_level import (UserLevelRequest,
                                         check_user_level_source, user_level_request)
+from dptrain.privacy.user_level_ghost import user_level_clipper
 _INTERFACE = ("per_sample_batch_size", "squared_norms", "weighted_sum", "clear_per_sample",
               "check_complete")
 ScheduleSpec = Schedule | Callable[[int], float] | dict[str, Any] | None
@@ -507,8 +508,8 @@ class PrivacyEngine:
             else:
                 check_user_level_source(source)
                 private_loader = self._user_loader(data_loader, users, plan, rate_sched)
-                clipper = UserLevelClipper(clipper, [p for _, p in named],
-                                           private_loader.batch_user_groups)
+                clipper = user_level_clipper(clipper, [p for _, p in named],
+                                             private_loader.batch_user_groups, source)
             dp_optimizer = optimizer_class(
                 optimizer, sigma, None, expected_batch_size, clipper, module=source,
                 sample_rate=sample_rate,

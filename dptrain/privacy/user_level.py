@@ -20,8 +20,9 @@ its last row is in. Its rows are contiguous unless the collate function reordere
 (`dptrain.data.row_order`: the loader then records each row's user in the collated order), in
 which case several users' partial sums may be carried at once.
 
-Ghost clipping never forms per-example gradients, only their norms, and the norm of a user's mean
-is not a function of its examples' norms: user level needs `grad_sample_mode="hooks"`.
+Ghost clipping (`grad_sample_mode="ghost"`) never forms per-example gradients; the norm of a
+user's mean is not a function of its examples' norms, but the ghost Gram trick gives it from the
+positions of all the user's examples: `dptrain.privacy.user_level_ghost`.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class UserLevelRequest:
 def user_level_request(privacy_unit: str, user_ids: Any, max_examples_per_user: int | None,
                        grad_sample_mode: str, distributed: bool) -> UserLevelRequest | None:
     """The user-level request of make_private's arguments (None for example level), checked:
-    ConfigError naming the argument for an unknown unit, missing ids, ghost mode or DDP."""
+    ConfigError naming the argument for an unknown unit, missing ids or DDP (hooks and ghost
+    mode both serve user level; `grad_sample_mode` is checked where the model is wrapped)."""
     if privacy_unit not in PRIVACY_UNITS:
         raise ConfigError(f"privacy_unit={privacy_unit!r} is unknown (privacy.unit): use "
                           f"'example' (the default) or 'user'.")
@@ -69,8 +71,6 @@ def user_level_request(privacy_unit: str, user_ids: Any, max_examples_per_user: 
     if user_ids is None:
         raise ConfigError("privacy_unit='user' needs user_ids, one user id per training example "
                           "(from the CLI: dataset.user_column=COLUMN of a text dataset).")
-    if grad_sample_mode != "hooks":
-        raise _needs_hooks(repr(grad_sample_mode))
     if distributed:
         raise ConfigError("privacy_unit='user' is not supported with a DistributedDataParallel "
                           "or fully sharded (FSDP) model (hardware=ddp, hardware=fsdp): train "
@@ -78,21 +78,14 @@ def user_level_request(privacy_unit: str, user_ids: Any, max_examples_per_user: 
     return UserLevelRequest(user_ids, max_examples_per_user)
 
 
-def _needs_hooks(mode: str) -> ConfigError:
-    """The refusal of user level with a source that forms no per-example gradients."""
-    return ConfigError(
-        f"privacy_unit='user' cannot run with grad_sample_mode={mode} (privacy.grad_sample_mode): "
-        "user-level clipping bounds the norm of each user's MEAN gradient, which needs the "
-        "per-example gradients themselves, and ghost clipping only forms their norms (the norm of "
-        "a mean is not a function of the norms). Use privacy.grad_sample_mode=hooks "
-        "(grad_sample_mode='hooks'), with a model not already wrapped for ghost clipping.")
-
-
 def check_user_level_source(source: Any) -> None:
-    """ConfigError unless `source` forms per-example gradients (a hooks GradSampleModule: a
-    model already wrapped in a GhostClippingModule is refused)."""
-    if isinstance(source, GhostClippingModule) or not isinstance(source, GradSampleModule):
-        raise _needs_hooks(f"{type(source).__name__} (the model passed as module)")
+    """ConfigError unless `source` is a GradSampleModule (hooks) or a GhostClippingModule (ghost):
+    the user-level clippers need one of them to group a user's examples."""
+    if not isinstance(source, GradSampleModule):
+        raise ConfigError(
+            f"privacy_unit='user' needs the model wrapped by dptrain (grad_sample_mode='hooks' or "
+            f"'ghost', privacy.grad_sample_mode), not a {type(source).__name__} passed as module: "
+            f"pass the plain model.")
 
 
 def _per_sample_grads(source: PerSampleSource, params: Sequence[nn.Parameter],

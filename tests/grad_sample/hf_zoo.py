@@ -8,7 +8,8 @@ with ``peft.get_peft_model`` (adapters randomly initialised, so that no gradient
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -116,6 +117,8 @@ def _hf_model(name: str) -> tuple[nn.Module, str]:
                                num_key_value_heads=1, intermediate_size=2 * WIDTH, max_position_embeddings=SEQ,
                                bos_token_id=1, eos_token_id=1, **text)
         return t.LlamaForCausalLM(config), "CAUSAL_LM"
+    if name.startswith("gemma"):
+        return _gemma(name, text)
     if name == "vit":
         config = _dropout_free(t.ViTConfig, image_size=8, patch_size=4, num_channels=3, hidden_size=WIDTH,
                                num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=2 * WIDTH,
@@ -123,6 +126,54 @@ def _hf_model(name: str) -> tuple[nn.Module, str]:
         return t.ViTForImageClassification(config), "SEQ_CLS"
     raise ValueError(name)
 
+
+def _gemma(name: str, text: dict) -> tuple[nn.Module, str]:
+    """Gemma 2 (eager attention only: transformers offers no sdpa for it) or Gemma 3 (text; eager,
+    or sdpa for ``gemma3_sdpa_*``), causal LM (``*_lm``) or sequence classifier (``*_cls``).
+
+    Both ties the LM head to the scaled word embedding (sqrt(hidden_size)), as the checkpoints do;
+    layer 0 is a sliding-window layer, layer 1 a full one. The window (8) covers the sequence: in
+    float64, transformers' own sliding mask on a right-padded row shorter than the window gives NaN
+    (its two masks add to -inf), in float32 it does not.
+    """
+    t = transformers
+    family = name.split("_")[0]
+    common = dict(hidden_size=WIDTH, intermediate_size=2 * WIDTH, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                  num_key_value_heads=1, head_dim=4, query_pre_attn_scalar=4, max_position_embeddings=SEQ,
+                  sliding_window=SEQ + 2, layer_types=["sliding_attention", "full_attention"],
+                  bos_token_id=1, eos_token_id=1, attn_implementation="sdpa" if "_sdpa" in name else "eager", **text)
+    config = _dropout_free(t.Gemma2Config if family == "gemma2" else t.Gemma3TextConfig, **common)
+    if name.endswith("_lm"):
+        cls = t.Gemma2ForCausalLM if family == "gemma2" else t.Gemma3ForCausalLM
+        return cls(config), "CAUSAL_LM"
+    cls = t.Gemma2ForSequenceClassification if family == "gemma2" else t.Gemma3TextForSequenceClassification
+    return cls(config), "SEQ_CLS"
+
+
+def _gemma_norm_in_input_dtype(self: nn.Module, x: Tensor) -> Tensor:
+    """Gemma's RMSNorm, ``norm(x) * (1 + w)``, computed in ``x``'s dtype (transformers' own forward
+    computes it in float32 whatever the input: float32 rounding that a float64 batch and a float64
+    sample alone do not share)."""
+    return self._norm(x) * (1.0 + self.weight)
+
+
+@contextmanager
+def gemma_norms_in_float64() -> Iterator[None]:
+    """Gemma 2 / 3 RMSNorms computed in their input's dtype while the context is open, so that a
+    float64 model is float64 throughout and micro-batch recomputation can check it to 1e-10."""
+    classes = [transformers.models.gemma2.modeling_gemma2.Gemma2RMSNorm,
+               transformers.models.gemma3.modeling_gemma3.Gemma3RMSNorm]
+    originals = [cls.forward for cls in classes]
+    try:
+        for cls in classes:
+            cls.forward = _gemma_norm_in_input_dtype
+        yield
+    finally:
+        for cls, forward in zip(classes, originals):
+            cls.forward = forward
+
+
+GEMMA = ("gemma2_lm", "gemma2_cls", "gemma3_lm", "gemma3_cls", "gemma3_sdpa_lm", "gemma3_sdpa_cls")
 
 # Adapter targets per model (attention query/value, as in the LoRA paper).
 LORA_TARGETS = {
@@ -134,6 +185,7 @@ LORA_TARGETS = {
     "llama_lm": ["q_proj", "v_proj"],
     "vit": ["q_proj", "v_proj"],
     "nanogpt": ["c_attn"],
+    **{name: ["q_proj", "v_proj"] for name in GEMMA},
 }
 CLASSIFIERS = {"vit": ["classifier"]}  # modules_to_save where PEFT's task type does not name them
 MODELS = tuple(LORA_TARGETS)

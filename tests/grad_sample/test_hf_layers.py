@@ -10,7 +10,7 @@ from torch import nn
 
 from dptrain.errors import UnsupportedModuleError
 from dptrain.grad_sample.ghost import GhostClippingModule
-from dptrain.grad_sample.hf_layers import SCALE_NORMS
+from dptrain.grad_sample.hf_layers import SCALE_NORMS, SCALED_EMBEDDINGS
 from dptrain.grad_sample.module import GradSampleModule
 from dptrain.grad_sample.registry import get_grad_sampler, get_norm_sampler
 from dptrain.grad_sample.check import check_per_sample_gradients
@@ -159,3 +159,47 @@ def test_the_engine_imports_neither_transformers_nor_peft_for_a_plain_model() ->
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+class ScaledLookup(nn.Module):
+    """A scaled word embedding of transformers (``embedding(ids) * embed_scale``) under a tanh."""
+
+    def __init__(self, cls: type) -> None:
+        super().__init__()
+        self.embed = cls(11, 4, 0, embed_scale=2.5).double()  # padding id 0, as the checkpoints
+        nn.init.normal_(self.embed.weight)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.embed(ids))
+
+
+def _scaled_embedding(name: str) -> type:
+    cls = _existing(name)
+    if cls is None:
+        pytest.skip(f"{name} is not in this transformers version")
+    return cls
+
+
+@pytest.mark.parametrize("name", SCALED_EMBEDDINGS, ids=lambda n: n.rpartition(".")[2])
+def test_every_listed_scaled_embedding_has_exact_per_sample_gradients(name, random_targets) -> None:
+    model = ScaledLookup(_scaled_embedding(name))
+    ids = torch.tensor([[1, 3, 3, 0], [2, 2, 2, 2], [5, 0, 9, 1]])
+    assert_per_sample_exact(model, ids, random_targets(model, ids))
+
+
+@pytest.mark.parametrize("regime", REGIMES)
+@pytest.mark.parametrize("name", SCALED_EMBEDDINGS[:2], ids=lambda n: n.rpartition(".")[2])
+def test_scaled_embedding_ghost_norms_and_clipped_sums_equal_hooks_mode(name, regime) -> None:
+    model = ScaledLookup(_scaled_embedding(name))
+    ids = torch.tensor([[1, 3, 3, 0], [2, 2, 2, 2], [5, 0, 9, 1]])
+    ghost = assert_ghost_matches_hooks(model, (ids,), regime, strategy="ghost")
+    assert ghost.layer_strategies() == {"embed": "ghost"}
+
+
+def test_the_listed_scaled_embeddings_exist_and_multiply_by_embed_scale() -> None:
+    present = [cls for cls in map(_existing, SCALED_EMBEDDINGS) if cls is not None]
+    assert len(present) > len(SCALED_EMBEDDINGS) // 2
+    for cls in present:
+        layer = cls(5, 3, 0, embed_scale=2.0).double()
+        ids = torch.tensor([[1, 4]])
+        torch.testing.assert_close(layer(ids), 2.0 * nn.functional.embedding(ids, layer.weight, 0))

@@ -166,12 +166,6 @@ def test_make_private_with_epsilon_calibrates_sigma_at_the_users_rate():
     assert optimizer.noise_multiplier == expected
 
 
-def test_user_level_with_ghost_clipping_is_a_config_error_naming_grad_sample_mode():
-    x, y = _data([0, 0, 1])
-    with pytest.raises(ConfigError, match=r"privacy\.grad_sample_mode.*hooks"):
-        _private(x, y, [0, 0, 1], batch_size=1, grad_sample_mode="ghost")
-
-
 def test_user_ids_of_the_wrong_length_are_a_config_error_naming_user_ids():
     x, y = _data([0, 0, 1])
     with pytest.raises(ConfigError, match="user_ids has 2 ids"):
@@ -191,15 +185,3 @@ def test_user_level_without_poisson_sampling_is_a_config_error_naming_it():
     x, y = _data([0, 0, 1])
     with pytest.raises(ConfigError, match="poisson_sampling"):
         _private(x, y, [0, 0, 1], batch_size=1, poisson_sampling=False, allow_non_poisson=True)
-
-
-def test_a_model_already_wrapped_for_ghost_clipping_is_refused_at_user_level():
-    from dptrain.grad_sample.ghost import GhostClippingModule
-
-    x, y = _data([0, 0, 1])
-    model = GhostClippingModule(tiny_model())
-    with pytest.raises(ConfigError, match=r"GhostClippingModule.*privacy\.grad_sample_mode"):
-        dptrain.make_private(module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
-                             data_loader=DataLoader(TensorDataset(x, y), batch_size=1),
-                             noise_multiplier=1.0, max_grad_norm=1.0, privacy_unit="user",
-                             user_ids=[0, 0, 1])

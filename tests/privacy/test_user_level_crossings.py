@@ -17,6 +17,7 @@ these fixes):
 |   (before: 2.0 C and 2.8 C)               |                                                    |
 | unit=user x SortingCollate                | ..._sorting_collates_clipped_sum_equals_the_micro_ |
 | ... x BatchMemoryManager chunks           | ..._cut_across_physical_chunks_out_of_order_...    |
+| ... x ghost clipping (both tests above)   |   parametrized over hooks and ghost                |
 | ... x DataLoader worker processes         | ..._row_order_crosses_worker_processes             |
 | ... x pack_padded_sequence + DPLSTM       | test_packed_sequences_sorted_by_length_...         |
 | unit=user x keeps_row_order(fn)           | ..._declared_with_keeps_row_order_is_exact         |
@@ -164,7 +165,8 @@ def _data(user_ids: list[int], seed: int) -> tuple[torch.Tensor, torch.Tensor]:
             torch.randint(0, 2, (n,), generator=gen))
 
 
-def _one_step_sum(x, y, user_ids, C, collate, chunk=None, workers=0) -> list[torch.Tensor]:
+def _one_step_sum(x, y, user_ids, C, collate, chunk=None, workers=0,
+                  mode: str = "hooks") -> list[torch.Tensor]:
     """The noise-free clipped sum of one user-level step at q = 1 (every user), per parameter
     in model order (the model: `tiny_model()`)."""
     model = tiny_model()
@@ -173,7 +175,8 @@ def _one_step_sum(x, y, user_ids, C, collate, chunk=None, workers=0) -> list[tor
         module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5),
         data_loader=DataLoader(TensorDataset(x, y), batch_size=len(set(user_ids)),
                                collate_fn=collate, num_workers=workers),
-        noise_multiplier=0.0, max_grad_norm=C, privacy_unit="user", user_ids=user_ids)
+        noise_multiplier=0.0, max_grad_norm=C, privacy_unit="user", user_ids=user_ids,
+        grad_sample_mode=mode)
     captured = []
     optimizer.attach_step_hook(lambda opt: captured.extend(p.summed_grad.clone()
                                                            for p in opt.params))
@@ -222,20 +225,24 @@ def test_removing_a_user_moves_the_clipped_sum_by_at_most_C_with_a_sorting_colla
     assert C * 0.5 < _distance(with_user, without) <= C * (1 + 1e-12)   # 2.0 and 2.8 C before
 
 
-def test_a_sorting_collates_clipped_sum_equals_the_micro_batch_ground_truth() -> None:
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_a_sorting_collates_clipped_sum_equals_the_micro_batch_ground_truth(mode: str) -> None:
     user_ids = [7, 7, 3, 9, 9, 9, 3, 5, 7, 7, 7, 1]
     x, y = _data(user_ids, seed=1)
-    summed = _one_step_sum(x, y, user_ids, 0.3, SortingCollate(_by_first_feature))
+    summed = _one_step_sum(x, y, user_ids, 0.3, SortingCollate(_by_first_feature), mode=mode)
     for got, expected in zip(summed, _user_mean_clipped_sum(x, y, user_ids, 0.3)):
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
 @pytest.mark.parametrize("chunk", [1, 2, 5])
 def test_users_cut_across_physical_chunks_out_of_order_are_each_clipped_once_as_a_whole(
-        chunk: int) -> None:
+        chunk: int, mode: str) -> None:
+    """Ghost mode too: several users carried at once, their rows of later chunks added."""
     user_ids = [0] * 5 + [1] * 3 + [2] * 4 + [3]
     x, y = _data(user_ids, seed=2)
-    summed = _one_step_sum(x, y, user_ids, 0.3, SortingCollate(_by_first_feature), chunk=chunk)
+    summed = _one_step_sum(x, y, user_ids, 0.3, SortingCollate(_by_first_feature), chunk=chunk,
+                           mode=mode)
     for got, expected in zip(summed, _user_mean_clipped_sum(x, y, user_ids, 0.3)):
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
 
