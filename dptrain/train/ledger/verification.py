@@ -135,9 +135,11 @@ def charged_beyond_completed(data: dict[str, Any]) -> str | None:
                "far it got")
     else:
         how = f"and kept when the run stopped ({str(data.get('status')).replace('_', ' ')})"
-    return (f"{ahead} step{'s' if ahead != 1 else ''} charged beyond the "
-            f"{data['steps_completed']} that finished: committed to the ledger before their "
-            f"batches were drawn (a step is charged before it touches the data) {how}")
+    steps, batches = ("1 step", "its batch was") if ahead == 1 else (f"{ahead} steps",
+                                                                       "their batches were")
+    return (f"{steps} charged beyond the {data['steps_completed']} that finished: committed to "
+            f"the ledger before {batches} drawn (a step is charged before it touches the data) "
+            f"{how}")
 
 
 def load_ledger(path: Path | str, check_records: bool = False) -> dict[str, Any]:
