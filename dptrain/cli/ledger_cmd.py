@@ -3,7 +3,9 @@
 Each PATH is a `privacy_ledger.json`, a run folder holding one, or a sweep folder (every ledger
 below it is checked, and its `sweep_ledger.json`, the cost of releasing the best job, is
 recomputed from the jobs' ledgers: `check_sweep_ledgers`). The table names each run by its folder, relative to the folder the runs
-share (said in the title), and folds what does not fit: it fits 80 columns. For each ledger the epsilon is recomputed from its history with the accountant
+share (said in the title), and folds what does not fit: it fits 80 columns; its steps are those
+the ledger charges (the history epsilon is computed from), and a line under the table says, for a
+stopped or killed run, how many of them are not known to have finished, and why (`note` in JSON). For each ledger the epsilon is recomputed from its history with the accountant
 (default: the run's) and compared with the ledger's claim, and the history is checked against the
 run's other records (dptrain.train.ledger_check: checkpoint entries, resumes, metrics.jsonl,
 result.json). Exit status: 0 when every ledger is readable, matches within a relative tolerance of
@@ -20,7 +22,14 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from dptrain.train.ledger import LEDGER_FILENAME, Verification, load_ledger, verify_ledger
+from dptrain.train.ledger import (
+    LEDGER_FILENAME,
+    Verification,
+    history_from_json,
+    history_steps,
+    load_ledger,
+    verify_ledger,
+)
 from dptrain.errors import DPTrainError
 
 RELATIVE_TOLERANCE = 1e-6
@@ -79,10 +88,25 @@ def _print_table(rows: list[tuple[Verification, dict | None]]) -> None:
     for label, (result, data) in zip(labels, rows):
         data = data or {}
         table.add_row(label, str(data.get("status", "?")).replace("_", " "),
-                      str(data.get("steps_completed", "?")), str(data.get("delta", "-")),
+                      charged_steps(data), str(data.get("delta", "-")),
                       str(result.accountant or "-"), _num(result.claimed), _num(result.recomputed),
-                      ("[green]" if result.ok else "[red]") + result.message)
-    Console().print(table)
+                      ("[green]" if result.ok else "[red]") + result.message
+                      + (" *" if result.note else ""))
+    console = Console()
+    console.print(table)
+    for label, (result, _) in zip(labels, rows):
+        if result.note:   # a stopped or killed run: what its steps column counts, and why
+            console.print(f"* {label}: {result.note}.", highlight=False)
+
+
+def charged_steps(data: dict) -> str:
+    """The table's steps: those the ledger charges (its history: what epsilon counts, also for a
+    killed run whose steps never finished), or a non-private run's steps; "?" unreadable."""
+    if not data:
+        return "?"
+    if not data.get("private"):
+        return str(data.get("steps_completed", "?"))
+    return str(history_steps(history_from_json(data["history"])))
 
 
 def _num(value: float | None) -> str:

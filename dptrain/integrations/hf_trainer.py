@@ -26,7 +26,8 @@ to `dptrain.PrivacyEngine.make_private` (the public API):
   batch's tokens; see dptrain.losses).
 - `train` / `log`: the privacy ledger (dptrain.train.ledger, with the run loop's PrivacySpend and
   BudgetGuard): steps committed before their batch reaches the Trainer, the final epsilon after
-  training, "failed" / "interrupted" on a crash; epsilon added to the Trainer's logs.
+  training, "failed" / "interrupted" on a crash or Ctrl-C (charging every step whose batch was
+  drawn, and saying so in a warning: `_stopped_history`); epsilon added to the Trainer's logs.
 
 Settings under which the Trainer's own sampling or accumulation would change the sampling rate the
 ledger charges are refused (`check_training_arguments`). transformers is imported by this module
@@ -36,6 +37,7 @@ only; dptrain never imports it.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -50,6 +52,7 @@ from transformers import Trainer, TrainerCallback
 
 from dptrain.accounting import get_noise_multiplier
 from dptrain.accounting.calibration import steps_per_epoch
+from dptrain.accounting.history import History, history_steps, truncate_history
 from dptrain.checks import (
     check_delta,
     check_epsilon,
@@ -64,10 +67,16 @@ from dptrain.losses import per_sample_token_losses
 from dptrain.privacy.engine import GRAD_SAMPLE_MODES, PrivacyEngine
 from dptrain.train.budget import BudgetGuard, PrivacySpend
 from dptrain.train.job import Position, private_job
-from dptrain.train.ledger import LEDGER_FILENAME, refresh_layer_strategies, run_ledger
+from dptrain.train.ledger import (
+    LEDGER_FILENAME,
+    charged_beyond_completed,
+    refresh_layer_strategies,
+    run_ledger,
+)
 from dptrain.train.settings import TrainSettings
 
 PerExampleLoss = Callable[[Any, Tensor], Tensor]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -205,6 +214,11 @@ def default_per_example_loss(model: nn.Module, outputs: Any, labels: Tensor) -> 
         "-> Tensor[B] to PrivateTrainer.")
 
 
+def _steps(count: int) -> str:
+    """"1 step", "3 steps"."""
+    return f"{count} step{'' if count == 1 else 's'}"
+
+
 def _rows(batch: Any) -> int:
     """The rows of a collated batch (dim 0 of its first tensor; 0 without one)."""
     for value in (batch.values() if isinstance(batch, Mapping) else batch):
@@ -269,6 +283,7 @@ class PrivateTrainer(Trainer):
         self._private_loader: Any = None
         self._spend: PrivacySpend | None = None
         self._position = Position()
+        self._drawn_before: int | None = 0   # batches the sampler drew before the ledger started
         super().__init__(*args, **kwargs)
         self.add_callback(_LedgerCallback(self))
 
@@ -349,6 +364,7 @@ class PrivateTrainer(Trainer):
         self.ledger.data["devices"] = [job.device.type]
         guard = BudgetGuard(self.privacy.target_epsilon, self.delta, self.ledger.data["accountant"])
         self._spend = PrivacySpend(job, self.ledger, guard, self._position)
+        self._drawn_before = self._batches_drawn()
         self.ledger.write()
 
     def _commit_next(self, max_steps: int) -> bool:
@@ -373,15 +389,58 @@ class PrivateTrainer(Trainer):
         """Epsilon spent so far at `delta` (None before training)."""
         return None if self._spend is None else self._spend.epsilon()
 
+    def _batches_drawn(self) -> int | None:
+        """Batches the private loader's Poisson sampler has drawn so far (None: no sampler)."""
+        sampler = getattr(self._private_loader, "poisson_sampler", None)
+        return None if sampler is None else int(sampler.batches_drawn)
+
+    def _stopped_history(self) -> History:
+        """The history a stopped run (Ctrl-C, an error) keeps charged: its committed steps up to
+        the last one whose batch the Poisson sampler drew, and never fewer than the steps taken.
+
+        A step's noise is drawn, and its update released, only after its batch was drawn, so the
+        committed steps beyond the batches drawn never touched the data: they were committed
+        ahead (in blocks, `_commit_next`) while the process was alive to release them, and this
+        process takes no step after this point. Without a sampler to ask, every committed step
+        stays charged. The guard's count follows (a later `train()` commits again from here).
+        """
+        committed = self.ledger.history
+        drawn = self._batches_drawn()
+        if drawn is None:
+            return committed
+        kept = min(history_steps(committed), max(self._spend.steps(), drawn - self._drawn_before))
+        self._spend.committed = kept
+        return truncate_history(committed, kept)
+
     def _finish(self, status: str, error: str | None = None) -> None:
         """The ledger's final write: every accountant's epsilon and `status`; the exact history
-        of a finished run, every committed step of a stopped one (as the run loop does)."""
+        of a finished run; for a stopped one, every step whose batch was drawn
+        (`_stopped_history`), and a warning saying what the ledger charges."""
         if self.ledger is None:
             return
         refresh_layer_strategies(self.ledger, self.private_module)
         stopped = status in ("failed", "interrupted")
-        history = self.ledger.history if stopped else self._spend.spent()
+        committed = history_steps(self.ledger.history)
+        history = self._stopped_history() if stopped else self._spend.spent()
         self.ledger.finish(status, history, self._spend.steps_completed(), error)
+        if stopped:
+            log.warning(self._stopped_line(status, committed))
+
+    def _stopped_line(self, status: str, committed: int) -> str:
+        """What a stopped run's ledger charges: its steps and epsilon, the steps charged beyond
+        those trained and why (`charged_beyond_completed`), the committed steps released."""
+        data = self.ledger.data
+        charged = history_steps(self.ledger.history)
+        line = (f"PrivateTrainer {status} after {_steps(self._position.step)}; its privacy "
+                f"ledger {self.ledger.path} charges {_steps(charged)}, epsilon "
+                f"{self.ledger.epsilon:.4g} at delta {data['delta']:g}")
+        beyond = charged_beyond_completed(data)
+        if beyond is not None:
+            line += f": {beyond}"
+        if committed > charged:
+            line += (f". The other {_steps(committed - charged)} committed ahead had no batch "
+                     "drawn (nothing was computed for them) and are no longer charged")
+        return line + "."
 
     # -- the Trainer's entry points ----------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any,

@@ -32,14 +32,17 @@ import io
 import os
 import pickle
 import random
+import re
 import struct
 from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from dptrain.accounting.history import History, merge_history
 from dptrain.train.budget import PrivacySpend
 from dptrain.train.display import note, shown_path
 from dptrain.train.job import Position, TrainingJob, unwrap
@@ -66,6 +69,7 @@ LAST, BEST = "last.pt", "best.pt"   # checkpoint names: the newest state, the be
 MODEL_FILENAME, BEST_MODEL_FILENAME = "model.pt", "model_best.pt"
 REQUIRED_KEYS = ("step", "epoch", "config", "config_hash", "model", "optimizer", "rng",
                  "generators")
+EPOCH_CHECKPOINT = re.compile(r"epoch_(\d+)\.pt")   # the names train.keep_checkpoints prunes
 
 
 def save_checkpoint(path: Path | str, state: dict[str, Any]) -> str | None:
@@ -263,6 +267,62 @@ def latest_checkpoint(run_dir: Path | str) -> Path | None:
     """The most recently written `*.pt` in `run_dir/checkpoints` (None when there is none)."""
     candidates = _newest_first(Path(run_dir) / CHECKPOINT_DIRNAME)
     return candidates[0] if candidates else None
+
+
+def epoch_checkpoints_on_disk(run_dir: Path | str) -> list[str]:
+    """The epoch checkpoint files (`epoch_N.pt`) in `run_dir/checkpoints`, as the ledger names
+    them ("checkpoints/epoch_N.pt"), oldest written first (modification time, then N)."""
+    folder = Path(run_dir) / CHECKPOINT_DIRNAME
+    found = []
+    for path in folder.glob("epoch_*.pt"):
+        match = EPOCH_CHECKPOINT.fullmatch(path.name)
+        try:
+            written = path.stat().st_mtime_ns
+        except OSError:   # deleted meanwhile
+            continue
+        if match:
+            found.append((written, int(match.group(1)), f"{CHECKPOINT_DIRNAME}/{path.name}"))
+    return [name for *_, name in sorted(found)]
+
+
+@dataclass(frozen=True)
+class FoundCheckpoint:
+    """A checkpoint file on disk that the ledger does not list: its process wrote it and was
+    stopped (killed) before recording it. `spent` is what its state had spent: the steps charged
+    from earlier processes, then its accountant's (runs of (sigma, q, steps); [] non-private)."""
+
+    path: str      # as the ledger names it: "checkpoints/epoch_N.pt"
+    step: int
+    epoch: int
+    spent: History
+
+
+def unrecorded_checkpoints(run_dir: Path | str, recorded: Collection[str],
+                           loaded: tuple[Path, dict[str, Any]] | None = None
+                           ) -> list[FoundCheckpoint]:
+    """The epoch checkpoints in `run_dir` that are not among `recorded` (the ledger's existing
+    checkpoint paths), oldest first, each with the names `last.pt` / `best.pt` that are the same
+    file (hard links written with it: the ledger's entries of those names describe an older
+    state). Read-only; `loaded` is a (path, state) already read, reused for its file. A file that
+    does not load is left out: it cannot be resumed, and pruning deletes it as the oldest epoch
+    checkpoint (`Checkpointer.epoch_checkpoints`)."""
+    run_dir = Path(run_dir)
+    found: list[FoundCheckpoint] = []
+    for name in epoch_checkpoints_on_disk(run_dir):
+        if name in recorded:
+            continue
+        path = run_dir / name
+        try:
+            state = (loaded[1] if loaded is not None and _same_file(loaded[0], path)
+                     else load_checkpoint(path))
+        except (ConfigError, OSError):
+            continue
+        spent = merge_history(list(state.get("charged") or []) + list(state.get("history") or []))
+        links = [f"{CHECKPOINT_DIRNAME}/{other}" for other in (LAST, BEST)
+                 if _same_file(run_dir / CHECKPOINT_DIRNAME / other, path)]
+        found += [FoundCheckpoint(each, int(state["step"]), int(state["epoch"]), spent)
+                  for each in [name, *links]]
+    return found
 
 
 def resolve_resume(resume: str | None, run_dir: Path | str) -> Path | None:
@@ -463,8 +523,9 @@ class Checkpointer:
     checkpoint saves and a resume restores (the loader's Poisson sampler, the optimizer's noise).
 
     `keep` (train.keep_checkpoints): after each save only the newest `keep` epoch checkpoints
-    (`epoch_N.pt`, in the order written, across resumes) stay on disk; `last.pt` and `best.pt`
-    always do; None keeps every file. A deleted file stays in the ledger's record of what was
+    (`epoch_N.pt`, in the order written, across resumes; files on disk the ledger does not list
+    count as the oldest: `epoch_checkpoints`) stay on disk; `last.pt` and `best.pt` always do;
+    None keeps every file. A deleted file stays in the ledger's record of what was
     written (`exists: false`), and the steps it held stay charged: the history is the ledger's,
     not the files'.
     """
@@ -518,12 +579,12 @@ class Checkpointer:
         self._prune()
 
     def _prune(self) -> None:
-        """Delete the epoch checkpoints beyond the newest `keep` (rank 0) and note it in the
-        ledger."""
+        """Delete the epoch checkpoints beyond the newest `keep` (rank 0; `epoch_checkpoints`:
+        the files on disk, recorded or not) and note it in the ledger. It runs right after a
+        save, so the newest state (the file just written, and last.pt) is never deleted."""
         if self.keep is None:
             return
-        epochs = [path for path in self.ledger.existing_checkpoints()
-                  if Path(path).name not in (LAST, BEST)]
+        epochs = self.epoch_checkpoints()
         old = epochs[:max(0, len(epochs) - self.keep)]
         if not old:
             return
@@ -531,6 +592,17 @@ class Checkpointer:
             for path in old:
                 (self.run_dir / path).unlink(missing_ok=True)
         self.ledger.record_deleted(old)
+
+    def epoch_checkpoints(self) -> list[str]:
+        """Every epoch checkpoint of the run, oldest first: the files on disk the ledger does not
+        list (written by a process killed before it recorded them, hence older than any this
+        process wrote and recorded; a resume records them, `unrecorded_checkpoints`), then the
+        ledger's, in the order written (across resumes)."""
+        recorded = [path for path in self.ledger.existing_checkpoints()
+                    if Path(path).name not in (LAST, BEST)]
+        on_disk = [path for path in epoch_checkpoints_on_disk(self.run_dir)
+                   if path not in recorded]
+        return on_disk + recorded
 
     def _write(self, paths: list[str], model_state: dict[str, Any],
                optimizer_state: dict[str, Any]) -> None:

@@ -58,6 +58,8 @@ class Resumer:
         self._pending: tuple[str | None, int, int] | None = None  # for `record`
         self._found_nothing = False   # train.resume=auto in a folder without a run: said in `record`
         self._data_difference: str | None = None   # why the data bar an exact replay (the note)
+        # checkpoint files an earlier process wrote and was killed before recording
+        self._found: list[ckpt.FoundCheckpoint] = []
 
     def resume(self) -> None:
         """Restore everything from settings.resume, or refuse to overwrite another run's ledger.
@@ -76,6 +78,11 @@ class Resumer:
         if path is not None:
             state = ckpt.load_checkpoint(path)
             ckpt.check_same_config(state, self.job.config, path)
+        if previous is not None:
+            self._found = ckpt.unrecorded_checkpoints(
+                self.run_dir, PrivacyLedger(self.run_dir, previous).existing_checkpoints(),
+                None if state is None else (path, state))
+        if path is not None:
             self._refuse_secure_rewind(state, previous, path)
             self._refuse_new_shuffle_mid_epoch(state, path)
             self._restore(state, path)
@@ -210,7 +217,7 @@ class Resumer:
         would not count. Refused (PrivacyError)."""
         if not (self.spend.private and self.job.privacy.secure_mode and previous):
             return
-        written = newest_checkpoint_step(previous)
+        written = max([newest_checkpoint_step(previous), *(f.step for f in self._found)])
         if written > int(state["step"]):
             raise PrivacyError(
                 f"Cannot resume from {str(path)!r} ({setting_name('train.resume')}) at step "
@@ -255,8 +262,9 @@ class Resumer:
 
     def _carry_over(self, previous: dict[str, Any], state: dict[str, Any] | None
                     ) -> tuple[int, int]:
-        """Keep the previous ledger's record (resumes, every checkpoint written) and every step
-        it committed beyond the resume point: as steps this run retakes (`spend.replayed`) when
+        """Keep the previous ledger's record (resumes, every checkpoint written, and the files on
+        disk a killed process wrote but did not record) and every step it committed beyond the
+        resume point: as steps this run retakes (`spend.replayed`) when
         the replay is exact, else charged in addition (`spend.charged`).
 
         Returns (steps retaken by the exact replay, steps charged in addition).
@@ -265,6 +273,8 @@ class Resumer:
         same_start = previous.get("start_fingerprint") == data["start_fingerprint"]
         data["resumes"] = previous["resumes"]
         self.ledger.carry_checkpoints(previous)
+        for found in self._found:   # recorded after the earlier processes' files: written last
+            self.ledger.add_found_checkpoint(found.path, found.step, found.epoch, found.spent)
         data["start_fingerprint"] = previous.get("start_fingerprint")
         data["devices"] = sorted(set(previous.get("devices", ["unknown"])) | set(data["devices"]))
         recorded = self._recorded_data(previous, state)

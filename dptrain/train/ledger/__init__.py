@@ -59,6 +59,7 @@ from dptrain.train.ledger.verification import (  # noqa: F401
     accounting_mismatches,
     accounting_record,
     available_accountants,
+    charged_beyond_completed,
     consistency_errors,
     epsilon_of,
     ledger_sampling,

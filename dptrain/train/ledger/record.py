@@ -186,6 +186,18 @@ class PrivacyLedger:
                                       "epsilon": eps, "exists": True} for path in paths]
         self.write()
 
+    def add_found_checkpoint(self, path: str, step: int, epoch: int, spent: History) -> None:
+        """On resume: add the entry of a checkpoint file an earlier process wrote but was
+        stopped before recording (dptrain.train.checkpoint.unrecorded_checkpoints), at logical
+        step `step` with the epsilon of `spent` (the steps its state had spent), marked
+        `found_on_resume`; an older entry of the same name is folded as overwritten. Not
+        written here: the resume's commit writes the ledger."""
+        self._mark_gone([path])
+        eps = self._claim(merge_history(spent)) if self.private else None
+        self.data["checkpoints"].append({"path": path, "step": int(step), "epoch": int(epoch),
+                                         "epsilon": eps, "exists": True,
+                                         "found_on_resume": True})
+
     def existing_checkpoints(self) -> list[str]:
         """The checkpoint files the run folder holds, as the ledger knows them, oldest written
         first (entries without `exists`, from older ledgers, count as existing)."""

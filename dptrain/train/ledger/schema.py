@@ -164,7 +164,10 @@ LEDGER_SCHEMA: dict[str, Any] = {
                                # false once the file no longer holds this state (deleted by
                                # train.keep_checkpoints, or overwritten by a later checkpoint of
                                # the same name); absent in ledgers written before it was kept
-                               "exists": {"type": "boolean"}},
+                               "exists": {"type": "boolean"},
+                               # true: a file its process was killed before recording, recorded
+                               # by the next resume; absent otherwise
+                               "found_on_resume": {"type": "boolean"}},
             },
         },
         # the entries of checkpoint files no longer on disk, folded into a count with the largest

@@ -1,6 +1,7 @@
 """Reading and checking a ledger: the claimed epsilon is always `epsilon_of` its stored history
 (so it can be recomputed), `load_ledger` validates the schema and the cross-field rules,
-`verify_ledger` recomputes the claim and cross-checks the records beside the ledger."""
+`verify_ledger` recomputes the claim and cross-checks the records beside the ledger;
+`charged_beyond_completed` says why a ledger charges steps it does not know finished."""
 
 from __future__ import annotations
 
@@ -120,6 +121,27 @@ def consistency_errors(data: dict[str, Any]) -> list[str]:
     return errors
 
 
+def charged_beyond_completed(data: dict[str, Any]) -> str | None:
+    """Why a private ledger charges steps it does not know finished (`committed_ahead` > 0), as
+    one clause: "N steps charged beyond the M that finished: ..."; None when it charges none
+    beyond them (or is not private). Steps are committed before their batches are drawn (in
+    blocks: dptrain.train.budget); a run that stops keeps the committed steps (every one whose
+    batch may have been drawn), and a killed process leaves its whole block."""
+    ahead = int(data.get("committed_ahead") or 0)
+    if not data.get("private") or ahead <= 0:
+        return None
+    if data.get("status") == "running":
+        how = ("by a process that is still running, or was killed before it could record how "
+               "far it got")
+    else:
+        how = f"and kept when the run stopped ({str(data.get('status')).replace('_', ' ')})"
+    steps, batches = ("1 step", "its batch was") if ahead == 1 else (f"{ahead} steps",
+                                                                       "their batches were")
+    return (f"{steps} charged beyond the {data['steps_completed']} that finished: committed to "
+            f"the ledger before {batches} drawn (a step is charged before it touches the data) "
+            f"{how}")
+
+
 def load_ledger(path: Path | str, check_records: bool = False) -> dict[str, Any]:
     """Read and validate a ledger file (or a run folder holding one).
 
@@ -180,6 +202,8 @@ class Verification:
     message: str
     # the run's records showing more steps or epsilon than the history (records_beyond_history)
     records: list[str] = field(default_factory=list)
+    # why the history charges steps not known to have finished (charged_beyond_completed)
+    note: str | None = None
 
 
 def _claim_for(data: dict[str, Any], accountant: str) -> float | None:
@@ -197,7 +221,8 @@ def verify_ledger(path: Path | str, accountant: str | None = None,
     `accountant=None` uses the run's accountant. `ok` is False when the claim differs from the
     recomputation by more than `rel_tol` (relative), or when a record of the run (its checkpoint
     entries, resumes, metrics.jsonl, result.json: `records_beyond_history`) shows more steps or
-    epsilon than the history. A non-private ledger is ok with no epsilon.
+    epsilon than the history. A non-private ledger is ok with no epsilon. `note` says why
+    the ledger charges steps not known to have finished (`charged_beyond_completed`), if it does.
     """
     data = load_ledger(path)
     path = Path(path)
@@ -221,4 +246,5 @@ def verify_ledger(path: Path | str, accountant: str | None = None,
                    f"MISMATCH: claims {claimed!r}, history gives {recomputed!r}")
     if records:
         message = (f"{message}; " if not same else "") + f"MISMATCH: {first_mismatch(records)}"
-    return Verification(path, name, claimed, recomputed, same and not records, message, records)
+    return Verification(path, name, claimed, recomputed, same and not records, message, records,
+                        charged_beyond_completed(data))
