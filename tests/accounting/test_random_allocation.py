@@ -153,3 +153,17 @@ def test_fractional_or_too_high_orders_are_refused() -> None:
 
 def test_zero_noise_spends_everything() -> None:
     assert ra.epsilon(0.0, 10, 1, 1e-5) == math.inf
+
+
+@pytest.mark.parametrize("p", POINTS[::3], ids=_point_id)
+def test_closed_form_add_bound_lies_above_the_integrated_add_direction(p: dict) -> None:
+    args = (p["sigma"], p["steps_per_epoch"], p["epochs"])
+    integrated = rdp_to_epsilon(ra.rdp_add(*args), ra.ADD_ORDERS, p["delta"])[0]
+    assert ra.add_epsilon_closed_form(*args, p["delta"]) >= integrated
+
+
+def test_issue_scale_point_is_decided_by_closed_forms_without_quadrature() -> None:
+    ra._add_curve.cache_clear()
+    remove, add = ra.epsilon_by_direction(1.0, 10, 3, 1e-4)
+    assert ra._add_curve.cache_info().currsize == 0
+    assert add <= remove == ra.epsilon(1.0, 10, 3, 1e-4)
