@@ -149,8 +149,9 @@ def _log_laplace_lognormal(u: np.ndarray, sigma: float, h_w: float, w_max: float
     w = np.arange(-w_max, 12 * tau + 5, h_w)
     log_n = -w**2 / (2 * tau**2) - math.log(tau * math.sqrt(2 * math.pi)) + math.log(h_w)
     out = np.empty(u.size)
-    for s in range(0, u.size, 2048):  # chunks keep the [chunk, len(w)] matrix small
-        out[s:s + 2048] = special.logsumexp(log_n[None, :] - np.exp(u[s:s + 2048, None] + w[None, :]),
+    chunk = max(1, (1 << 23) // w.size)  # keeps the [chunk, len(w)] matrix near 64 MiB
+    for s in range(0, u.size, chunk):
+        out[s:s + chunk] = special.logsumexp(log_n[None, :] - np.exp(u[s:s + chunk, None] + w[None, :]),
                                              axis=1)
     return np.minimum(out, 0.0)
 
@@ -184,11 +185,15 @@ def _add_curve(sigma: float, k: int) -> np.ndarray:
     error is estimated by doubling both steps and the difference is added (an estimate, as the
     PRV accountant's FFT round-off). k = 1 gives a / (2 sigma^2) (the Gaussian) to 1e-12.
     """
-    betas = np.arange(1, ADD_MAX_ORDER)
+    # The integrand peaks near u = beta / (k sigma^2): orders whose peak lies beyond u = 200 (small
+    # sigma, where the best order is small anyway) are left at +inf, a valid if useless value.
+    top = int(min(ADD_MAX_ORDER - 1, max(1, math.floor(200 * k * sigma**2))))
+    betas = np.arange(1, top + 1)
     fine = _add_curve_at(sigma, k, betas, 1.0)
     coarse = _add_curve_at(sigma, k, betas, 2.0)
-    out = np.zeros(ADD_MAX_ORDER + 1)
-    out[2:] = np.maximum(fine + np.abs(fine - coarse) + 1e-12, 0.0)
+    out = np.full(ADD_MAX_ORDER + 1, math.inf)
+    out[:2] = 0.0
+    out[2:top + 2] = np.maximum(fine + np.abs(fine - coarse) + 1e-12, 0.0)
     out.setflags(write=False)
     return out
 
