@@ -337,6 +337,7 @@ class GradSampleModule(nn.Module):
         self._provenance: Optional[BatchProvenance] = None  # active during a pass's forward
         self._rows = BackwardRows()
         self._in_backward = False
+        self._backward_refusal: Optional[Exception] = None  # see refuse_backward
         self._deferred: dict[int, LayerCall] = {}
         self._open_groups: dict[int, LayerCall] = {}
         self._audit = BackwardAudit({id(p): n for n, p in self.model_parameters()})
@@ -571,10 +572,19 @@ class GradSampleModule(nn.Module):
         self._begin_backward()
         self._audit.received(param, grad)
 
+    def refuse_backward(self, refusal: Optional[Exception]) -> None:
+        """Make every backward raise `refusal` at its first hook, before anything is captured
+        (None: allow backward again). The DP optimizer sets it while per-sample gradients of an
+        earlier batch wait for a step (dptrain.privacy.optimizer, `refuse_at_backward`)."""
+        self._backward_refusal = refusal
+
     def _begin_backward(self) -> None:
-        """On the first hook of a backward: sync with params and schedule the end callback."""
+        """On the first hook of a backward: sync with params and schedule the end callback
+        (or raise the refusal `refuse_backward` set, with nothing captured)."""
         if self._in_backward:
             return
+        if self._backward_refusal is not None:
+            raise self._backward_refusal
         self._in_backward = True
         self._sync_with_params()
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
