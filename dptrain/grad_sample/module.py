@@ -63,7 +63,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-from dptrain.errors import ConfigError, UnsupportedModuleError
+from dptrain.errors import ConfigError, PrivacyError, UnsupportedModuleError
 from dptrain.grad_sample.accumulate import BackwardRows, ForwardPass, PerPassStore
 from dptrain.grad_sample.audit import BackwardAudit
 from dptrain.grad_sample.batch import check_batch_dim, pass_batch_size
@@ -337,7 +337,7 @@ class GradSampleModule(nn.Module):
         self._provenance: Optional[BatchProvenance] = None  # active during a pass's forward
         self._rows = BackwardRows()
         self._in_backward = False
-        self._backward_refusal: Optional[Exception] = None  # see refuse_backward
+        self._backward_refusal: Optional[str] = None  # see refuse_backward
         self._deferred: dict[int, LayerCall] = {}
         self._open_groups: dict[int, LayerCall] = {}
         self._audit = BackwardAudit({id(p): n for n, p in self.model_parameters()})
@@ -572,11 +572,12 @@ class GradSampleModule(nn.Module):
         self._begin_backward()
         self._audit.received(param, grad)
 
-    def refuse_backward(self, refusal: Optional[Exception]) -> None:
-        """Make every backward raise `refusal` at its first hook, before anything is captured
-        (None: allow backward again). The DP optimizer sets it while per-sample gradients of an
-        earlier batch wait for a step (dptrain.privacy.optimizer, `refuse_at_backward`)."""
-        self._backward_refusal = refusal
+    def refuse_backward(self, reason: Optional[str]) -> None:
+        """Make every backward raise PrivacyError(`reason`) at its first hook, before anything is
+        captured (None: allow backward again). The DP optimizer sets it while per-sample
+        gradients of an earlier batch wait for a step (dptrain.privacy.optimizer,
+        `refuse_at_backward`)."""
+        self._backward_refusal = reason
 
     def _begin_backward(self) -> None:
         """On the first hook of a backward: sync with params and schedule the end callback
@@ -584,7 +585,7 @@ class GradSampleModule(nn.Module):
         if self._in_backward:
             return
         if self._backward_refusal is not None:
-            raise self._backward_refusal
+            raise PrivacyError(self._backward_refusal)
         self._in_backward = True
         self._sync_with_params()
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)

@@ -247,16 +247,16 @@ class DPOptimizer(Optimizer):
             self._earlier_sum_pending = True
         if self.module.per_sample_batch_size() > 0:
             self._earlier_rows_pending = True
-            self._refuse_backward(PrivacyError(
-                f"DPOptimizer step {self.steps_taken} refused at backward(): "
-                + _TWO_BATCHES.format(when="this backward would add to them")))
+            self._refuse_backward(f"DPOptimizer step {self.steps_taken} refused at backward(): "
+                                  + _TWO_BATCHES.format(when="this backward would add to them"))
 
-    def _refuse_backward(self, refusal: PrivacyError | None) -> None:
-        """With `refuse_at_backward`, make the module's backward raise `refusal` (None: allow
-        it again); a source without `refuse_backward` (FSDP, user level) is refused at step."""
+    def _refuse_backward(self, reason: str | None) -> None:
+        """With `refuse_at_backward`, make the module's backward raise PrivacyError(`reason`)
+        (None: allow it again); a source without `refuse_backward` (FSDP, user level) is
+        refused at the step."""
         refuse = getattr(self.module, "refuse_backward", None)
         if self.refuse_at_backward and refuse is not None:
-            refuse(refusal)
+            refuse(reason)
 
     def clip_and_accumulate(self) -> None:
         """Clip the current chunk's per-sample gradients and add them into `p.summed_grad`
