@@ -63,7 +63,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-from dptrain.errors import ConfigError, UnsupportedModuleError
+from dptrain.errors import ConfigError, PrivacyError, UnsupportedModuleError
 from dptrain.grad_sample.accumulate import BackwardRows, ForwardPass, PerPassStore
 from dptrain.grad_sample.audit import BackwardAudit
 from dptrain.grad_sample.batch import (
@@ -349,6 +349,7 @@ class GradSampleModule(nn.Module):
         self._flat_tokens: list[Optional[FlatTokens]] = []
         self._rows = BackwardRows()
         self._in_backward = False
+        self._backward_refusal: Optional[str] = None  # see refuse_backward
         self._deferred: dict[int, LayerCall] = {}
         self._open_groups: dict[int, LayerCall] = {}
         self._audit = BackwardAudit({id(p): n for n, p in self.model_parameters()})
@@ -607,10 +608,20 @@ class GradSampleModule(nn.Module):
         self._begin_backward()
         self._audit.received(param, grad)
 
+    def refuse_backward(self, reason: Optional[str]) -> None:
+        """Make every backward raise PrivacyError(`reason`) at its first hook, before anything is
+        captured (None: allow backward again). The DP optimizer sets it while per-sample
+        gradients of an earlier batch wait for a step (dptrain.privacy.optimizer,
+        `refuse_at_backward`)."""
+        self._backward_refusal = reason
+
     def _begin_backward(self) -> None:
-        """On the first hook of a backward: sync with params and schedule the end callback."""
+        """On the first hook of a backward: sync with params and schedule the end callback
+        (or raise the refusal `refuse_backward` set, with nothing captured)."""
         if self._in_backward:
             return
+        if self._backward_refusal is not None:
+            raise PrivacyError(self._backward_refusal)
         self._in_backward = True
         self._sync_with_params()
         torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)

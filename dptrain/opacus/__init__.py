@@ -7,9 +7,10 @@ warns what changed; docs/migrating-from-opacus.md lists every difference. The co
 import this one (tests/test_import_graph.py).
 """
 
-from dptrain.opacus.grad_sample import GradSampleModule
+from dptrain.opacus import utils
+from dptrain.opacus.grad_sample import GradSampleModule, GradSampleModuleFastGradientClipping
 from dptrain.opacus.privacy_engine import PrivacyEngine
+from dptrain.opacus.version import __version__
 
-__version__ = "1.6.0"
-
-__all__ = ["GradSampleModule", "PrivacyEngine", "__version__"]
+__all__ = ["GradSampleModule", "GradSampleModuleFastGradientClipping", "PrivacyEngine", "utils",
+           "__version__"]

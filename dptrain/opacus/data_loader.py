@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from dptrain.data.distributed import DistributedDPDataLoader
 from dptrain.data.sampling import DPDataLoader as CoreDPDataLoader
+from dptrain.opacus._absent import absent
 
 
 def opacus_sample_rate(data_loader: DataLoader) -> float:
@@ -47,4 +48,16 @@ class DPDataLoader(CoreDPDataLoader):
         return super().from_data_loader(data_loader, generator=generator, **kwargs)
 
 
-__all__ = ["DPDataLoader"]
+_COLLATE = ("DPDataLoader.from_data_loader(loader): dptrain's Poisson loader collates each batch, "
+            "an empty one included, itself")
+CollateFnWithEmpty = absent("opacus.data_loader.CollateFnWithEmpty", _COLLATE)
+wrap_collate_with_empty = absent("opacus.data_loader.wrap_collate_with_empty", _COLLATE)
+shape_safe = absent("opacus.data_loader.shape_safe", _COLLATE)
+dtype_safe = absent("opacus.data_loader.dtype_safe", _COLLATE)
+switch_generator = absent(
+    "opacus.data_loader.switch_generator",
+    "DPDataLoader.from_data_loader(loader, generator=g): dptrain's loaders take their generator "
+    "when built")
+
+__all__ = ["CollateFnWithEmpty", "DPDataLoader", "dtype_safe", "shape_safe", "switch_generator",
+           "wrap_collate_with_empty"]

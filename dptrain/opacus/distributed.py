@@ -6,6 +6,8 @@ its model in it before make_private runs unchanged.
 """
 
 from torch import nn
+
+from dptrain.opacus._absent import absent
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -16,4 +18,9 @@ class DifferentiallyPrivateDistributedDataParallel(DistributedDataParallel):
         super().__init__(model, **kwargs)
 
 
-__all__ = ["DifferentiallyPrivateDistributedDataParallel"]
+average_gradients = absent(
+    "opacus.distributed.average_gradients",
+    "make_private on the DistributedDataParallel model: its DistributedDPOptimizer all-reduces "
+    "the ranks' clipped sums and adds the noise once")
+
+__all__ = ["DifferentiallyPrivateDistributedDataParallel", "average_gradients"]

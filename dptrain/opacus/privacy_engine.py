@@ -23,6 +23,7 @@ from torch import nn
 from dptrain.errors import ConfigError
 from dptrain.opacus._warn import changed
 from dptrain.data import given_shuffle
+from dptrain.data.sampling import dataset_size
 from dptrain.opacus.accountants import create_accountant, opacus_accountant
 from dptrain.opacus.accountants.utils import get_noise_multiplier
 from dptrain.opacus.data_loader import opacus_rate_applies, opacus_sample_rate
@@ -164,6 +165,16 @@ class PrivacyEngine(core.PrivacyEngine):
         return dataclasses.replace(plan, selection=dataclasses.replace(
             selection, sample_rate=opacus_sample_rate(data_loader)))
 
+    @staticmethod
+    def _loader_rate(data_loader: Any) -> tuple[int, float]:
+        """(N, q) of a plain loader, by Opacus's rule q = 1 / len(data_loader) where dptrain's
+        batch_size / N would exceed 1: a batch larger than the dataset is one batch a pass, q = 1
+        (each step Poisson-samples every example with probability 1, and is charged so),
+        where dptrain's own engine refuses it (`core.PrivacyEngine._loader_rate`)."""
+        if opacus_rate_applies(data_loader) and len(data_loader) == 1:
+            return dataset_size(data_loader), opacus_sample_rate(data_loader)
+        return core.PrivacyEngine._loader_rate(data_loader)
+
     def _arguments(self, poisson_sampling: bool, grad_sample_mode: str,
                    kwargs: dict[str, Any], data_loader: Any) -> dict[str, Any]:
         """dptrain's make_private keywords for Opacus's."""
@@ -197,6 +208,9 @@ class PrivacyEngine(core.PrivacyEngine):
             batch_first=batch_first, loss_reduction=loss_reduction, clipping=clipping,
             noise_generator=noise_generator, **arguments)
         self.accountant = opacus_accountant(self.accountant)  # shuffled batches: Opacus-shaped
+        # Opacus's GradSampleModule refuses a backward over a second Poisson batch without
+        # zero_grad(); dptrain's optimizer refuses it there too when asked (else at the step)
+        dp_optimizer.refuse_at_backward = True
         if grad_sample_mode not in _GHOST_MODES:
             return model, dp_optimizer, loader
         wrapped = DPLossFastGradientClipping(model, dp_optimizer, criterion or nn.CrossEntropyLoss(),

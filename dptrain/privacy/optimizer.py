@@ -52,6 +52,15 @@ StepHook = Callable[["DPOptimizer"], None]
 #: fn() -> q with which the batch about to be released was sampled (None: no batch seen yet).
 SampleRateSource = Callable[[], "float | None"]
 
+#: why gradients of two logical batches are refused (`when`: what would mix them)
+_TWO_BATCHES = (
+    "per-sample gradients (or a partial clipped sum of skipped steps) of an earlier batch were "
+    "still pending when the private loader handed out the next batch, so {when} two logical "
+    "batches as one. Two Poisson batches accumulated into one step are not one Poisson-sampled "
+    "batch at q, and the accountant would under-charge them. Call optimizer.zero_grad() before "
+    "the forward of each batch and optimizer.step() once per batch; to process a large logical "
+    "batch in pieces, use dptrain.BatchMemoryManager (or a larger batch size).")
+
 
 class DPOptimizer(Optimizer):
     """A differentially private wrapper of `optimizer` (shares its param_groups and state).
@@ -87,6 +96,11 @@ class DPOptimizer(Optimizer):
     #: a skipped batch would shift the groups or passes against the steps, and an example could
     #: take part in steps fewer than `groups` apart, or twice in one accounted epoch).
     one_batch_per_step: bool = False
+
+    #: Refuse gradients of two logical batches already at the backward that would add the second
+    #: batch's rows to the first's (Opacus's point of refusal; dptrain.opacus sets it), instead
+    #: of at the step. Either way nothing of the two batches is released.
+    refuse_at_backward: bool = False
 
     def __init__(self, optimizer: Optimizer, noise_multiplier: float,
                  max_grad_norm: float | None, expected_batch_size: float,
@@ -233,6 +247,16 @@ class DPOptimizer(Optimizer):
             self._earlier_sum_pending = True
         if self.module.per_sample_batch_size() > 0:
             self._earlier_rows_pending = True
+            self._refuse_backward(f"DPOptimizer step {self.steps_taken} refused at backward(): "
+                                  + _TWO_BATCHES.format(when="this backward would add to them"))
+
+    def _refuse_backward(self, reason: str | None) -> None:
+        """With `refuse_at_backward`, make the module's backward raise PrivacyError(`reason`)
+        (None: allow it again); a source without `refuse_backward` (FSDP, user level) is
+        refused at the step."""
+        refuse = getattr(self.module, "refuse_backward", None)
+        if self.refuse_at_backward and refuse is not None:
+            refuse(reason)
 
     def clip_and_accumulate(self) -> None:
         """Clip the current chunk's per-sample gradients and add them into `p.summed_grad`
@@ -252,15 +276,7 @@ class DPOptimizer(Optimizer):
             self._clear_per_sample()
             return
         if self._earlier_rows_pending or self._earlier_sum_pending:
-            self._refuse(
-                "per-sample gradients (or a partial clipped sum of skipped steps) of an earlier "
-                "batch were still pending when the private loader handed out the next batch, so "
-                "this step would release two logical batches as one. Two Poisson batches "
-                "accumulated into one step are not one Poisson-sampled batch at q, and the "
-                "accountant would under-charge them. Call optimizer.zero_grad() before the "
-                "forward of each batch and optimizer.step() once per batch; to process a large "
-                "logical batch in pieces, use dptrain.BatchMemoryManager (or a larger batch "
-                "size).")
+            self._refuse(_TWO_BATCHES.format(when="this step would release"))
         source.check_complete()
         sums = self.clipper.clip(source)
         for p in self.params:
@@ -275,6 +291,7 @@ class DPOptimizer(Optimizer):
         """Free the source's per-sample state (nothing of an earlier batch is pending after)."""
         self.module.clear_per_sample()
         self._earlier_rows_pending = False
+        self._refuse_backward(None)
 
     def _refuse(self, reason: str) -> None:
         """Discard everything pending for this step (nothing of it is released), then raise

@@ -20,10 +20,8 @@ import torch
 import torch.nn as nn
 from hypothesis import given, settings
 from dptrain.opacus.layers import DPGRU, DPLSTM, DPRNN
+from dptrain.opacus.utils.packed_sequences import _gen_packed_data
 from torch.nn.utils.rnn import PackedSequence
-
-# test data only (the code under test is dptrain.opacus.layers): Opacus's packed-batch generator
-from opacus.utils.packed_sequences import _gen_packed_data
 
 from opacus_dp_layers_common import DPModules_test
 

@@ -61,5 +61,46 @@ def wrap_model(model: nn.Module, grad_sample_mode: str, *args: Any, **kwargs: An
     return GradSampleModule(model, **kwargs)
 
 
-__all__ = ["GradSampleModule", "GradSampleModuleFastGradientClipping", "register_grad_sampler",
-           "wrap_model"]
+def get_gsm_class(grad_sample_mode: str) -> type:
+    """The module class of `grad_sample_mode` ("hooks", "functorch", "ew": GradSampleModule;
+    "ghost", "ghost_fsdp": the ghost-clipping module, which also serves an FSDP2-sharded model)."""
+    if grad_sample_mode in ("ghost", "ghost_fsdp"):
+        return GradSampleModuleFastGradientClipping
+    if grad_sample_mode in ("hooks", "functorch", "ew"):
+        return GradSampleModule
+    raise ValueError(f"Unexpected grad_sample_mode: {grad_sample_mode}")
+
+
+def prepare_module(model: nn.Module, grad_sample_mode: str, wrap_model: bool = True,
+                   *args: Any, **kwargs: Any) -> nn.Module:
+    """Opacus's prepare_module: `model` wrapped for `grad_sample_mode` (wrap_model), or as is
+    with wrap_model=False."""
+    return _wrap_model(model, grad_sample_mode, *args, **kwargs) if wrap_model else model
+
+
+_wrap_model = wrap_model  # prepare_module's keyword wrap_model hides the function there
+
+
+# Opacus's other names in this package (each module holds its own; imported last: they import
+# the classes above)
+from dptrain.grad_sample.registry import register_norm_sampler  # noqa: E402
+from dptrain.opacus.grad_sample.grad_sample_module import (  # noqa: E402
+    GradSampleHooks, create_or_accumulate_grad_sample)
+from dptrain.opacus.grad_sample.grad_sample_module_fast_gradient_clipping import (  # noqa: E402
+    GradSampleHooksFastGradientClipping)
+from dptrain.opacus.grad_sample.grad_sample_module_fast_gradient_clipping_fsdp import (  # noqa: E402
+    GradSampleHooksFastGradientClippingFSDP, GradSampleModuleFastGradientClippingFSDP)
+from dptrain.opacus.grad_sample.grad_sample_module_fast_gradient_clipping_tp import (  # noqa: E402
+    GradSampleHooksFastGradientClippingTP, GradSampleModuleFastGradientClippingTP)
+from dptrain.opacus.grad_sample.gsm_base import (  # noqa: E402
+    AbstractGradSampleHooks, AbstractGradSampleModule)
+from dptrain.opacus.grad_sample.gsm_exp_weights import GradSampleModuleExpandedWeights  # noqa: E402
+from dptrain.opacus.grad_sample.gsm_no_op import GradSampleHooksNoOp, GradSampleModuleNoOp  # noqa: E402
+
+__all__ = ["AbstractGradSampleHooks", "AbstractGradSampleModule", "GradSampleHooks",
+           "GradSampleHooksFastGradientClipping", "GradSampleHooksFastGradientClippingFSDP",
+           "GradSampleHooksFastGradientClippingTP", "GradSampleHooksNoOp", "GradSampleModule",
+           "GradSampleModuleExpandedWeights", "GradSampleModuleFastGradientClipping",
+           "GradSampleModuleFastGradientClippingFSDP", "GradSampleModuleFastGradientClippingTP",
+           "GradSampleModuleNoOp", "create_or_accumulate_grad_sample", "get_gsm_class",
+           "prepare_module", "register_grad_sampler", "register_norm_sampler", "wrap_model"]

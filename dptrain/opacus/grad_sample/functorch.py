@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from dptrain.opacus._absent import absent
+
 
 def make_functional(mod: nn.Module, disable_autograd_tracking: bool = False
                     ) -> tuple[Callable[..., Any], tuple[torch.Tensor, ...]]:
@@ -29,4 +31,10 @@ def make_functional(mod: nn.Module, disable_autograd_tracking: bool = False
     return fmodel, values
 
 
-__all__ = ["make_functional"]
+_OWN_RULES = ("GradSampleModule(model): dptrain computes the per-sample gradients of a layer "
+              "without a registered rule itself (dptrain.grad_sample.functorch)")
+prepare_layer = absent("opacus.grad_sample.functorch.prepare_layer", _OWN_RULES)
+ft_compute_per_sample_gradient = absent("opacus.grad_sample.functorch.ft_compute_per_sample_gradient",
+                                        _OWN_RULES)
+
+__all__ = ["ft_compute_per_sample_gradient", "make_functional", "prepare_layer"]

@@ -2,7 +2,8 @@
 keys as the torch layers they replace)."""
 
 from dptrain.layers import (DPGRU, DPLSTM, DPRNN, DPGRUCell, DPLSTMCell, DPMultiheadAttention,
-                            DPRNNCell)
+                            DPRNNCell, SequenceBias)
+from dptrain.opacus.layers.param_rename import RenameParamsMixin
 
 __all__ = ["DPGRU", "DPGRUCell", "DPLSTM", "DPLSTMCell", "DPMultiheadAttention", "DPRNN",
-           "DPRNNCell"]
+           "DPRNNCell", "RenameParamsMixin", "SequenceBias"]

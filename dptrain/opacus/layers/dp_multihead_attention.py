@@ -1,5 +1,5 @@
 """Opacus's ``opacus.layers.dp_multihead_attention``."""
 
-from dptrain.layers import DPMultiheadAttention
+from dptrain.layers import DPMultiheadAttention, SequenceBias
 
-__all__ = ["DPMultiheadAttention"]
+__all__ = ["DPMultiheadAttention", "SequenceBias"]

@@ -95,5 +95,7 @@ class StepGradClip(StepNoise):
     attribute = "max_grad_norm"
 
 
+_NoiseScheduler = _GradClipScheduler = _Scheduler  # Opacus's base classes (one base here)
+
 __all__ = ["ExponentialNoise", "LambdaNoise", "StepNoise", "ExponentialGradClip",
            "LambdaGradClip", "StepGradClip"]

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from dptrain.data import virtual
+from dptrain.opacus._absent import absent
 
 
 class _PhysicalBatches:
@@ -32,4 +33,10 @@ class BatchMemoryManager(virtual.BatchMemoryManager):
         return _PhysicalBatches(super().__enter__(), self.optimizer, self.max_physical_batch_size)
 
 
-__all__ = ["BatchMemoryManager"]
+_PHYSICAL = ("BatchMemoryManager(data_loader=..., max_physical_batch_size=..., optimizer=...) as "
+             "a context manager: it yields the physical batches and skips the steps between them")
+BatchSplittingSampler = absent("opacus.utils.batch_memory_manager.BatchSplittingSampler",
+                               _PHYSICAL)
+wrap_data_loader = absent("opacus.utils.batch_memory_manager.wrap_data_loader", _PHYSICAL)
+
+__all__ = ["BatchMemoryManager", "BatchSplittingSampler", "wrap_data_loader"]

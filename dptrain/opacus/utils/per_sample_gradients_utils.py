@@ -8,6 +8,8 @@ import torch
 from torch import nn
 
 from dptrain.grad_sample.check import microbatch_grad_samples, wrapped_grad_samples
+from dptrain.opacus._absent import absent
+from dptrain.opacus.utils.module_utils import clone_module
 
 
 def check_per_sample_gradients_are_correct(x: torch.Tensor, module: nn.Module, *,
@@ -40,4 +42,20 @@ def _opacus_loss(criterion: nn.L1Loss, batch_first: bool):  # type: ignore[no-un
     return lambda output, target: criterion(output, target.transpose(0, 1))
 
 
-__all__ = ["check_per_sample_gradients_are_correct"]
+_CHECK = ("check_per_sample_gradients_are_correct(x, module) (dptrain.grad_sample.check "
+          "compares a batched pass with each sample run alone)")
+_HERE = "opacus.utils.per_sample_gradients_utils"
+is_batch_empty = absent(f"{_HERE}.is_batch_empty", _CHECK)
+ModelWithLoss = absent(f"{_HERE}.ModelWithLoss", _CHECK)
+compute_microbatch_grad_sample = absent(f"{_HERE}.compute_microbatch_grad_sample", _CHECK)
+compute_opacus_grad_sample = absent(f"{_HERE}.compute_opacus_grad_sample", _CHECK)
+check_torch_version_for_ew_sample = absent(f"{_HERE}.check_torch_version_for_ew_sample", _CHECK)
+get_grad_sample_modes = absent(f"{_HERE}.get_grad_sample_modes", _CHECK)
+compute_microbatch_grad_sample_tensor_or_seq = absent(f"{_HERE}.compute_microbatch_grad_sample_tensor_or_seq", _CHECK)
+compute_grad_samples_microbatch_and_opacus = absent(f"{_HERE}.compute_grad_samples_microbatch_and_opacus", _CHECK)
+unpack_packedsequences = absent(f"{_HERE}.unpack_packedsequences", _CHECK)
+
+__all__ = ["ModelWithLoss", "check_per_sample_gradients_are_correct", "check_torch_version_for_ew_sample",
+           "clone_module", "compute_grad_samples_microbatch_and_opacus", "compute_microbatch_grad_sample",
+           "compute_microbatch_grad_sample_tensor_or_seq", "compute_opacus_grad_sample", "get_grad_sample_modes",
+           "is_batch_empty", "unpack_packedsequences"]

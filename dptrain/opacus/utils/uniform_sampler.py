@@ -7,6 +7,7 @@ import torch
 
 from dptrain.checks import check_sample_rate
 from dptrain.data.sampling import PoissonBatchSampler
+from dptrain.opacus._absent import absent
 
 
 class UniformWithReplacementSampler(PoissonBatchSampler):
@@ -23,4 +24,10 @@ class UniformWithReplacementSampler(PoissonBatchSampler):
                          steps=int(1 / sample_rate) if steps is None else steps)
 
 
-__all__ = ["UniformWithReplacementSampler"]
+DistributedUniformWithReplacementSampler = absent(
+    "opacus.utils.uniform_sampler.DistributedUniformWithReplacementSampler",
+    "dptrain.opacus.data_loader.DPDataLoader.from_data_loader(loader, distributed=True) (each "
+    "rank Poisson-samples its own shard: dptrain.data.distributed), or make_private on a "
+    "DistributedDataParallel model, which builds it")
+
+__all__ = ["DistributedUniformWithReplacementSampler", "UniformWithReplacementSampler"]

@@ -1,0 +1,5 @@
+"""Opacus's ``opacus.accountants.rdp``."""
+
+from dptrain.opacus.accountants import RDPAccountant
+
+__all__ = ["RDPAccountant"]
