@@ -112,6 +112,8 @@ def run_figure(series: Mapping[str, Series], title: str = "",
     """The run's curves (PANELS: loss, accuracy in percent, epsilon spent from 0, against the
     logical step) as a matplotlib Figure; a panel with no data says so; private curves are
     marked (`curve_label`) and the title then says the figure is not to be published."""
+    from matplotlib.ticker import MaxNLocator
+
     figure, axes = _figure(1, len(PANELS), (4.4 * len(PANELS), 3.8))
     private = False
     for ax, (name, keys) in zip(axes, PANELS):
@@ -132,6 +134,7 @@ def run_figure(series: Mapping[str, Series], title: str = "",
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes,
                     fontsize=FONT_SIZE)
         _style(ax, name, "step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # steps: no 1.975
         if drawn:
             ax.legend(fontsize=FONT_SIZE)
     title = "\n".join(part for part in (title, PRIVATE_FIGURE_NOTE if private else "") if part)

@@ -244,3 +244,13 @@ def test_the_sweep_note_puts_each_part_on_its_own_line_and_no_number_alone():
     lines = sweep_figure([SweepPoint("0", "sigma = 1", 2.7, 0.75)], note=note)._suptitle.get_text().split("\n")
     assert lines[0].startswith("releasing") and lines[-1].startswith("random stopping")
     assert not any(line.replace(".", "").replace(" ", "").isdigit() for line in lines)
+
+
+def test_a_short_runs_step_axis_has_whole_steps_only():
+    """One logged point at step 2: ticks 1.9, 1.925, ... read as fractional steps."""
+    figure = run_figure(run_series([{"step": 2, "epoch": 1, "test_loss": 2.3, "test_accuracy": 0.12,
+                                     "epsilon": 0.27}]))
+    figure.canvas.draw()
+    for ax in figure.axes:
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
