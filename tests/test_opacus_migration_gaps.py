@@ -265,3 +265,15 @@ def test_zero_grad_after_drawing_the_next_batch_keeps_backward_allowed():
     nn.functional.cross_entropy(model(x), y).backward()
     optimizer.step()
     assert optimizer.steps_taken == 1
+
+
+def test_importing_every_module_path_first_leaves_the_accountants_working():
+    """A submodule once imported becomes an attribute of its package: Opacus's
+    accountants.rdp shadowed the engine's rdp module inside dptrain.opacus.accountants."""
+    for path in _opacus_paths():
+        importlib.import_module(_ours(path))
+    from dptrain.opacus.accountants import RDPAccountant
+
+    accountant = RDPAccountant()
+    accountant.step(noise_multiplier=1.0, sample_rate=0.01)
+    assert 0 < accountant.get_epsilon(1e-5, alphas=[2, 4, 8]) < float("inf")

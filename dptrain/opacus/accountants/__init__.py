@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Callable, Mapping
 
-from dptrain.accounting import gdp, prv, rdp, shuffle
+# under private names: Opacus's submodules of this package (accountants.rdp, .gdp, .prv), once
+# imported, become attributes of the package and would shadow the engine's modules here
+from dptrain.accounting import gdp as _gdp, prv as _prv, rdp as _rdp, shuffle as _shuffle
 from dptrain.accounting.base import Accountant, normalize_history
 from dptrain.errors import PrivacyError
 
@@ -73,7 +75,7 @@ def _refuse_mechanism(saved: str, mine: str) -> None:
         "DataLoader) before load_checkpoint / load_state_dict.")
 
 
-class RDPAccountant(_OpacusAccountant, rdp.RDPAccountant):
+class RDPAccountant(_OpacusAccountant, _rdp.RDPAccountant):
     """Opacus's RDP accountant: its default orders, get_epsilon(delta, alphas=None)."""
 
     DEFAULT_ALPHAS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
@@ -84,7 +86,7 @@ class RDPAccountant(_OpacusAccountant, rdp.RDPAccountant):
     def get_privacy_spent(self, *, delta: float, alphas: list[float] | None = None
                           ) -> tuple[float, float]:
         """(epsilon, best order) at `delta` over `alphas` (default: DEFAULT_ALPHAS)."""
-        other = rdp.RDPAccountant(orders=alphas or self.DEFAULT_ALPHAS)
+        other = _rdp.RDPAccountant(orders=alphas or self.DEFAULT_ALPHAS)
         other._history = self._history
         if not self._history:
             return 0.0, float("nan")
@@ -95,7 +97,7 @@ class RDPAccountant(_OpacusAccountant, rdp.RDPAccountant):
         return self.get_privacy_spent(delta=delta, alphas=alphas)[0]
 
 
-class PRVAccountant(_OpacusAccountant, prv.PRVAccountant):
+class PRVAccountant(_OpacusAccountant, _prv.PRVAccountant):
     """Opacus's PRV accountant: get_epsilon(delta, *, eps_error=0.01)."""
 
     def get_epsilon(self, delta: float, *, eps_error: float = 0.01,  # type: ignore[override]
@@ -104,7 +106,7 @@ class PRVAccountant(_OpacusAccountant, prv.PRVAccountant):
         return super().get_epsilon(delta)
 
 
-class GaussianAccountant(_OpacusAccountant, gdp.GaussianAccountant):
+class GaussianAccountant(_OpacusAccountant, _gdp.GaussianAccountant):
     """Opacus's GDP accountant (CLT approximation)."""
 
     def get_epsilon(self, delta: float, poisson: bool = True,  # type: ignore[override]
@@ -112,7 +114,7 @@ class GaussianAccountant(_OpacusAccountant, gdp.GaussianAccountant):
         return super().get_epsilon(delta)
 
 
-class ShuffleAccountant(_OpacusAccountant, shuffle.ShuffleAccountant):
+class ShuffleAccountant(_OpacusAccountant, _shuffle.ShuffleAccountant):
     """The accountant after make_private(poisson_sampling=False), which Opacus does not have:
     each epoch one Gaussian release of every example, no amplification, substitution adjacency
     (dptrain.accounting.shuffle; every accountant name gives the same epsilon). Its mechanism()
@@ -135,7 +137,7 @@ def opacus_accountant(accountant: Accountant) -> Accountant:
     on the engine for shuffled batches) as `ShuffleAccountant` with its name and history, any
     other as is."""
     if isinstance(accountant, ShuffleAccountant) \
-            or not isinstance(accountant, shuffle.ShuffleAccountant):
+            or not isinstance(accountant, _shuffle.ShuffleAccountant):
         return accountant
     shaped = ShuffleAccountant(accountant.name)
     shaped.history = accountant.history
