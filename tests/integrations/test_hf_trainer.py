@@ -34,8 +34,10 @@ from dptrain.train.ledger import history_from_json, load_ledger, verify_ledger  
 
 SEQ = 6
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "hf-trainer.md"
-# the page's example on the real MiniLM and the reviews: PLACEHOLDER
-MIN_PAGE_ACCURACY = 0.0
+# The page's example on the real MiniLM and the 300 + 100 reviews: 80 % measured (one run, OS
+# entropy); the same recipe through the dptrain command gave 69 to 78 % over 6 seeded runs and a
+# non-private probe 80 %. 0.65 leaves room for the noise of another draw, well above chance (0.5).
+MIN_PAGE_ACCURACY = 0.65
 
 
 class Reviews(Dataset):
