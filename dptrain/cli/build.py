@@ -107,7 +107,7 @@ def build_settings(train: dict[str, Any], run_dir: Path,
         return TrainSettings(run_dir=run_dir, lr_schedule=lr_schedule, **train)
 
 
-def size_train(train: dict[str, Any], num_units: int, units: str = "training examples") -> None:
+def size_train(train: dict[str, Any], num_units: int, units: str) -> None:
     """Fill a null `train.batch_size` or `train.epochs` in place with the sizing rule for
     `num_units` privacy units (`units`: "training examples", or "users" at user level, where a
     batch counts users; dptrain.train.settings.sized_for; model=hf leaves both null), and say so

@@ -225,3 +225,17 @@ def make_case(name: str, lora: bool = False) -> Case:
     if name.endswith("_lm") or name == "nanogpt":
         return Case(name, wrapped, (ids, mask), _lm_labels(ids, mask), TokenLoss())
     return Case(name, wrapped, (ids, mask), torch.tensor([0, 2, 1]), nn.CrossEntropyLoss())
+
+
+def record_captured_layers(wrapper_cls: type, monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """A set that collects the path of every layer whose backward a `wrapper_cls` instance
+    processes from now on (its `_on_backprop`, patched for the test)."""
+    seen: set[str] = set()
+    original = wrapper_cls._on_backprop
+
+    def record(self, call, activations, backprops):
+        seen.add(call.name)
+        return original(self, call, activations, backprops)
+
+    monkeypatch.setattr(wrapper_cls, "_on_backprop", record)
+    return seen

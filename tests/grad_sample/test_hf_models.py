@@ -17,7 +17,8 @@ from dptrain.grad_sample.check import check_per_sample_gradients, microbatch_gra
 from dptrain.grad_sample.coverage import fallback_layers
 from dptrain.grad_sample.ghost import GhostClippingModule
 from dptrain.grad_sample.module import GradSampleModule
-from tests.grad_sample.hf_zoo import GEMMA, LORA_TARGETS, MODELS, gemma_norms_in_float64, make_case
+from tests.grad_sample.hf_zoo import (GEMMA, LORA_TARGETS, MODELS, gemma_norms_in_float64, make_case,
+                                     record_captured_layers)
 from tests.grad_sample.test_ghost_support import REGIMES, assert_ghost_matches_hooks
 
 MODES = [False, True]
@@ -99,14 +100,7 @@ def test_the_tied_lm_head_of_gpt2_stays_on_the_ghost_path() -> None:
 
 def _captured_layers(wrapper_cls: type, name: str, monkeypatch: pytest.MonkeyPatch) -> set[str]:
     """Paths of the layers whose backward the wrapper processed on one LoRA pass."""
-    seen: set[str] = set()
-    original = wrapper_cls._on_backprop
-
-    def record(self, call, activations, backprops):
-        seen.add(call.name)
-        return original(self, call, activations, backprops)
-
-    monkeypatch.setattr(wrapper_cls, "_on_backprop", record)
+    seen = record_captured_layers(wrapper_cls, monkeypatch)
     case = make_case(name, lora=True)
     wrapper = wrapper_cls(case.model)
     case.loss_fn(wrapper(*case.inputs), case.targets).backward()

@@ -25,6 +25,7 @@ from dptrain.grad_sample.ghost import GhostClippingModule
 from dptrain.grad_sample.module import GradSampleModule
 from dptrain.losses import IGNORE_INDEX
 from dptrain.models.hf import HFModel, build_hf_model, loss_for_task, pack_inputs, stored_bytes
+from tests.grad_sample.hf_zoo import record_captured_layers
 from tests.hf_tiny import save_tiny
 
 bnb = pytest.importorskip("bitsandbytes")
@@ -138,14 +139,7 @@ def test_ghost_norms_and_clipped_sums_over_a_quantized_base_equal_micro_batch_re
 @pytest.mark.parametrize("quantize", list(DTYPES))
 def test_the_wrappers_capture_the_adapters_and_never_the_quantized_layers(
         folders, quantize, wrapper_cls, monkeypatch) -> None:
-    seen: set[str] = set()
-    original = wrapper_cls._on_backprop
-
-    def record(self, call, activations, backprops):
-        seen.add(call.name)
-        return original(self, call, activations, backprops)
-
-    monkeypatch.setattr(wrapper_cls, "_on_backprop", record)
+    seen = record_captured_layers(wrapper_cls, monkeypatch)
     model = quantized(folders, "llama", quantize)
     x, y = batch("llama")
     wrapper = wrapper_cls(model)
