@@ -132,7 +132,7 @@ def get_noise_multiplier(*, target_epsilon: float, target_delta: float, sample_r
     epsilon = _epsilon_function(accountant, q, n, delta, sampling)
     start = None
     event = as_event(sampling)
-    if accountant == "prv" and event.selection != "shuffle" and (event.plain or event.amplified(n)):
+    if accountant == "prv" and event.traits.amplifies and (event.plain or event.amplified(n)):
         # the PRV epsilon never exceeds the RDP one, so the RDP sigma meets the target: start there
         start = calibrate_sigma(_epsilon_function("rdp", q, n, delta, event), target,
                                 epsilon_tolerance)

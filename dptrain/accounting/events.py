@@ -42,17 +42,22 @@ from dptrain.accounting.matrix_factorization import (
     bands,
     check_column,
     column_norm,
-    cyclic_participation,
     sensitivity,
-    shuffle_participation,
     unamplified_mu,
+)
+from dptrain.accounting.selections import (
+    ADD_REMOVE,
+    SUBSTITUTION,
+    SelectionAccounting,
+    accounted_selections,
+    selection_accounting,
 )
 from dptrain.errors import PrivacyError
 
-SELECTIONS = ("poisson", "shuffle", "cyclic_poisson", "given")
-# Neighbouring relations, in the words the ledger and the docs use.
-ADD_REMOVE = "add/remove"
-SUBSTITUTION = "substitution"
+# the ledger's name of the participation schema of amplified rounds (cyclic groups)
+CYCLIC_PARTICIPATION = "cyclic_poisson"
+#: the selections' accounting names (dptrain.accounting.selections: the registry)
+SELECTIONS = accounted_selections()
 
 
 def _strategy_key(strategy: Any) -> str:
@@ -78,14 +83,21 @@ class AccountingEvent:
     strategy_key: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
-        if self.selection not in SELECTIONS:
-            raise PrivacyError(f"selection {self.selection!r} is unknown: use one of "
-                               f"{list(SELECTIONS)}.")
+        traits = selection_accounting(self.selection)  # PrivacyError naming the known ones
         if isinstance(self.groups, bool) or int(self.groups) != self.groups or self.groups < 1:
             raise PrivacyError(f"groups={self.groups!r} must be an integer >= 1.")
-        if self.selection != "cyclic_poisson" and self.groups != 1:
-            raise PrivacyError(f"groups={self.groups} needs selection cyclic_poisson.")
+        if not traits.grouped and self.groups != 1:
+            raise PrivacyError(f"groups={self.groups} needs a grouped selection (cyclic_poisson), "
+                               f"not {self.selection}.")
         object.__setattr__(self, "strategy_key", _strategy_key(self.strategy))
+        if traits.participation is None and self.correlated:
+            raise PrivacyError(f"correlated noise ({self.strategy_key}) is not accounted with "
+                               f"selection {self.selection}: use independent noise with it.")
+
+    @property
+    def traits(self) -> SelectionAccounting:
+        """How its selection's steps are charged (dptrain.accounting.selections)."""
+        return selection_accounting(self.selection)
 
     # -- the column ------------------------------------------------------------------------
     def column(self, num_steps: int) -> np.ndarray:
@@ -105,25 +117,27 @@ class AccountingEvent:
     @property
     def plain(self) -> bool:
         """Independent noise with Poisson, shuffled or given batches: today's DP-SGD accounting."""
-        return not self.correlated and self.selection != "cyclic_poisson"
+        return not self.correlated and not self.traits.grouped
 
     def amplified(self, num_steps: int) -> bool:
         """Whether amplification by (cyclic) Poisson sampling applies: a Poisson selection and a
         column of at most `groups` bands."""
-        return (self.selection != "shuffle"
+        return (self.traits.amplifies
                 and bands(self.column(max(1, num_steps))) <= self.groups)
 
     @property
     def relation(self) -> str:
         """The neighbouring relation epsilon is stated for (cyclic Poisson: add/remove, its
         groups being drawn independently per example; see the module docstring)."""
-        return SUBSTITUTION if self.selection == "shuffle" else ADD_REMOVE
+        return self.traits.relation
 
     def participation(self, history: History) -> Participation:
         """The participation schema of a history's steps under this selection."""
-        if self.selection == "shuffle":
-            return shuffle_participation(history)
-        return cyclic_participation(history, self.groups)
+        participation = self.traits.participation
+        if participation is None:
+            raise PrivacyError(f"selection {self.selection} has no participation schema for "
+                               "correlated noise.")
+        return participation(history, self.groups)
 
     def describe(self, history: History) -> dict[str, Any]:
         """What the ledger records of the charge of `history`: the relation, whether amplified,
@@ -137,7 +151,7 @@ class AccountingEvent:
         c = self.column(steps)
         if amplified:
             out["sensitivity"] = column_norm(c)
-            out["participation"] = {"kind": "cyclic_poisson", "groups": self.groups,
+            out["participation"] = {"kind": CYCLIC_PARTICIPATION, "groups": self.groups,
                                     "rounds": math.ceil(steps / self.groups)}
         else:
             schema = self.participation(history)

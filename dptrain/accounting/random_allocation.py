@@ -64,8 +64,11 @@ from typing import Sequence
 import numpy as np
 from scipy import special
 
+from dptrain.accounting.base import Accountant
 from dptrain.accounting.gdp import gdp_epsilon
-from dptrain.accounting.rdp import rdp_to_epsilon
+from dptrain.accounting.history import History, steps_per_epoch as epoch_length
+from dptrain.accounting.rdp import rdp_to_delta, rdp_to_epsilon
+from dptrain.accounting.shuffle import epoch_sigmas
 from dptrain.checks import check_delta, check_noise_multiplier, check_steps
 from dptrain.errors import PrivacyError
 
@@ -271,3 +274,53 @@ def epsilon(sigma: float, steps_per_epoch: int, epochs: int, delta: float) -> fl
     if check_steps(epochs, "epochs") == 0:
         return 0.0  # nothing released (the RDP conversion of a zero curve is not exactly 0)
     return max(epsilon_by_direction(sigma, steps_per_epoch, epochs, delta))
+
+
+# -- a run's history: epochs of k = ceil(1 / q) steps ---------------------------------------------
+def _epochs(history: History) -> tuple[int, list[float]]:
+    """(k, the smallest sigma of each started epoch): an epoch is k = steps_per_epoch(q)
+    consecutive steps counted from the first (one q for the whole run: PrivacyError otherwise);
+    a started epoch is charged as a whole one (its first steps are a post-processing of all k)."""
+    sigmas = epoch_sigmas(history)
+    return epoch_length(history[0][1]), sigmas
+
+
+def _composed_curve(k: int, sigmas: list[float]) -> np.ndarray:
+    """RDP curve [len(ADD_ORDERS)] of epochs of the given sigmas composed: per epoch the larger
+    of the two directions at each order (`rdp`), added (adaptive composition of Renyi DP)."""
+    return sum((rdp(s, k, 1) for s in sigmas), np.zeros(len(ADD_ORDERS)))
+
+
+def history_epsilon(history: History, delta: float) -> float:
+    """Epsilon (nats) at `delta` of a run's (sigma, q, steps) history under random allocation:
+    `epsilon` of its epochs when every epoch has one sigma, else the composed RDP curves of the
+    epochs (each at its smallest sigma) converted at delta."""
+    k, sigmas = _epochs(history)
+    if len(set(sigmas)) == 1:
+        return epsilon(sigmas[0], k, len(sigmas), delta)
+    return rdp_to_epsilon(_composed_curve(k, sigmas), ADD_ORDERS, check_delta(delta))[0]
+
+
+class RandomAllocationAccountant(Accountant):
+    """The accountant of balls-in-bins batches (random allocation, add/remove): `history_epsilon`.
+
+    It carries the name of the accountant the run configured (`name`), so that the ledger's
+    claims and recomputations under that name agree; every name gives the same epsilon (the
+    random-allocation analysis above, never a Poisson one).
+    """
+
+    approximate = False
+    guarantee = ("upper bound (random allocation: exact remove-direction RDP, add direction "
+                 "bounded in closed form or integrated; add/remove adjacency)")
+    sampling = "balls_in_bins"
+
+    def __init__(self, name: str = "prv") -> None:
+        super().__init__()
+        self.name = name
+
+    def _epsilon(self, runs: History, delta: float) -> float:
+        return history_epsilon(runs, delta)
+
+    def _delta(self, runs: History, epsilon_: float) -> float:
+        k, sigmas = _epochs(runs)
+        return rdp_to_delta(_composed_curve(k, sigmas), ADD_ORDERS, epsilon_)[0]

@@ -11,7 +11,6 @@ from dptrain.accounting.history import normalize_history
 from dptrain.accounting.gdp import GaussianAccountant
 from dptrain.accounting.prv import PRVAccountant
 from dptrain.accounting.rdp import RDPAccountant
-from dptrain.accounting.shuffle import ShuffleAccountant
 from dptrain.checks import check_delta
 from dptrain.errors import PrivacyError
 
@@ -36,16 +35,16 @@ def accountant_class(name: str, argument: str = "accountant") -> type[Accountant
 def get_accountant(name: str = "prv", sampling: str | AccountingEvent = "poisson",
                    **kwargs: Any) -> Accountant:
     """A new, empty accountant selected by name ("rdp" | "prv" | "gdp") for steps charged as
-    `sampling`: "poisson" (amplified), "shuffle" (`ShuffleAccountant`, carrying `name`), or an
+    `sampling`: a selection's accounting name ("poisson": amplified; "shuffle", "balls_in_bins":
+    the selection's own accountant, carrying `name`: dptrain.accounting.selections), or an
     `AccountingEvent` (cyclic Poisson sampling, correlated noise: `CorrelatedNoiseAccountant`
     carrying `name`; a plain event gives the same accountants as its selection's name)."""
     cls = accountant_class(name)
     event = as_event(sampling)
     if not event.plain:
         return CorrelatedNoiseAccountant(cls, event)
-    if event.selection == "shuffle":
-        return ShuffleAccountant(cls.name)
-    return cls(**kwargs)
+    own = event.traits.accountant  # the selection's own accountant (shuffle, random allocation)
+    return cls(**kwargs) if own is None else own(cls.name)
 
 
 def compute_epsilon(history: Iterable[Sequence[Any] | Mapping[str, Any]], delta: float,

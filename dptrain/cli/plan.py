@@ -43,6 +43,7 @@ from dptrain.privacy.plan import (
     Selection,
     default_selection,
 )
+from dptrain.privacy.selection import correlated
 
 PROG = "dptrain-privacy"
 ORDER = ("prv", "rdp", "gdp")  # table order: the default (tight) accountant first
@@ -270,10 +271,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Compute the answer of a parsed command: {"command", "inputs", "results"}."""
     plan = resolve_horizon(args)
     inputs: dict[str, Any] = {"sample_rate": plan.sample_rate, "steps": plan.steps,
-                              "delta": plan.delta, "sampling": plan.selection.kind}
-    if plan.selection.kind == "cyclic_poisson":
-        inputs["sampling_groups"] = plan.selection.groups
-    if plan.noise != "independent":
+                              "delta": plan.delta, **plan.selection.parameters()}
+    if correlated(plan.strategy):
         inputs["noise"] = plan.strategy.to_dict()
     names = _ordered(args.accountant)
     if args.command == "epsilon":

@@ -79,6 +79,8 @@ class PoissonBatchSampler(Sampler[list[int]]):
         self.hand_out_listeners: list[Callable[[], None]] = []
         #: iterators of the loader started so far; only the newest may hand out batches
         self.iterators_started = 0
+        #: this rank's share of every batch drawn (dptrain.data.sharding); None: all of it
+        self.rank_share: Any = None
 
     def __len__(self) -> int:
         return self.steps
@@ -113,7 +115,7 @@ class PoissonBatchSampler(Sampler[list[int]]):
             rate = self._rate()
             batch = self.draw()
             self.pending_rates.append(rate)
-            yield batch
+            yield batch if self.rank_share is None else self.rank_share.keep(batch)
 
     def state_dict(self) -> dict[str, Any]:
         """Batches drawn and, only for reproducible coins, the generator state (exact resume). A
@@ -146,6 +148,9 @@ class ShuffleBatchSampler(PoissonBatchSampler):
     are drawn again (`forget_pending`, from the same epoch's shuffle), and the DP optimizer
     refuses a step after a batch handed out and not stepped on.
     """
+
+    #: the selection in the words of a refusal
+    mechanism = "sampling='shuffle'"
 
     def __init__(self, num_samples: int, sample_rate: float,
                  generator: torch.Generator | None = None, secure: bool = False) -> None:
@@ -393,10 +398,13 @@ class DPDataLoader(DataLoader):
 class ShuffleDataLoader(DPDataLoader):
     """A DataLoader of fixed-size batches from a shuffle each epoch (see ShuffleBatchSampler)."""
 
+    #: the epoch-bound index stream it draws from (a subclass may cut epochs otherwise)
+    sampler_class: type[ShuffleBatchSampler] = ShuffleBatchSampler
+
     def __init__(self, dataset: Dataset, sample_rate: float, *,
                  generator: torch.Generator | None = None, secure: bool = False,
                  collate_fn: Callable[[list[Any]], Any] | None = None, **loader_kwargs: Any) -> None:
-        sampler = ShuffleBatchSampler(len(dataset), sample_rate, generator=generator, secure=secure)
+        sampler = self.sampler_class(len(dataset), sample_rate, generator=generator, secure=secure)
         self._init_loader(dataset, sampler, collate_fn, loader_kwargs)
 
     @classmethod
@@ -423,7 +431,7 @@ class ShuffleDataLoader(DPDataLoader):
         its sampler's `position` in its epoch (default: where it is now)."""
         sampler = self.poisson_sampler
         at = sampler.position if position is None else position  # type: ignore[attr-defined]
-        check_epochs_aligned(steps_charged, at, sampler.steps, "sampling='shuffle'")
+        check_epochs_aligned(steps_charged, at, sampler.steps, sampler.mechanism)
 
 
 def loader_sample_rate(data_loader: DataLoader, sample_rate: float | None) -> float:

@@ -159,7 +159,7 @@ class PrivacyEngine(core.PrivacyEngine):
         reads as the global one), a rate schedule and user-level privacy keep dptrain's q."""
         plan = super().plan_of(data_loader, **kwargs)
         selection = plan.selection
-        if (selection.kind != "poisson" or selection.schedule is not None
+        if (not selection.poisson or selection.schedule is not None
                 or plan.unit.kind != "example" or not opacus_rate_applies(data_loader)):
             return plan
         return dataclasses.replace(plan, selection=dataclasses.replace(

@@ -27,16 +27,8 @@ from torch.utils.data import DataLoader
 
 from dptrain.accounting import get_accountant
 from dptrain.accounting.events import AccountingEvent
-from dptrain.accounting.shuffle import ShuffleAccountant
-from dptrain.data.cyclic_sampling import CyclicPoissonDataLoader, DistributedCyclicPoissonDataLoader
-from dptrain.data.distributed import DistributedDPDataLoader
-from dptrain.data.given_shuffle import GivenShuffleLoader, given_shuffle_rate
-from dptrain.data.sampling import (
-    DPDataLoader,
-    ShuffleDataLoader,
-    dataset_size,
-    default_sample_rate,
-)
+from dptrain.data.given_shuffle import given_shuffle_rate
+from dptrain.data.sampling import dataset_size, default_sample_rate
 from dptrain.data.user_sampling import UserDPDataLoader, user_groups, user_sample_rate
 from dptrain.distributed.ddp import unwrap_ddp
 from dptrain.distributed.fsdp import is_fully_sharded, sharded_source
@@ -67,6 +59,7 @@ from dptrain.privacy.plan import (  # noqa: F401  (GRAD_SAMPLE_MODES: re-exporte
     selection_for,
 )
 from dptrain.privacy.schedules import Schedule, as_schedule
+from dptrain.privacy.selection import Given, GivenShuffle, LoaderContext, selection_class
 from dptrain.privacy.user_level import (UserLevelRequest,
                                         check_user_level_source, user_level_request)
 from dptrain.privacy.user_level_ghost import user_level_clipper
@@ -125,9 +118,10 @@ def _as_spec(recorded: Any) -> dict[str, Any] | None:
 
 def _sampling_agrees(poisson_sampling: bool, kind: str) -> bool:
     """Whether poisson_sampling=`poisson_sampling` agrees with a plan's selection `kind`: False
-    (the caller's loader, or a shuffle) contradicts batches dptrain draws by (cyclic) Poisson
-    sampling; True contradicts the caller's own loader accounted as Poisson ("given")."""
-    return kind != "given" if poisson_sampling else kind not in ("poisson", "cyclic_poisson")
+    (the caller's loader, or a shuffle) contradicts batches amplified by (cyclic) Poisson
+    sampling; True contradicts the caller's own loader accounted as Poisson without proof."""
+    selection = selection_class(kind)
+    return selection.proven if poisson_sampling else not selection.amplified
 
 
 def _recorded_norm(value: Any) -> Any:
@@ -210,46 +204,27 @@ def _make_accountant(accountant: Any) -> Any:
 
 def accountant_for(accountant: Any, event: AccountingEvent) -> Any:
     """The accountant that charges steps as `event` (the plan's selection and noise strategy),
-    carrying `accountant`'s name: `accountant` itself for plain Poisson DP-SGD (a caller's own
-    accountant object is kept), otherwise a new one from `get_accountant(name, event)` holding
-    `accountant`'s history."""
-    if event.plain and event.selection != "shuffle":
+    carrying `accountant`'s name: `accountant` itself when the event charges steps with the
+    configured accountant (plain DP-SGD: a caller's own accountant object is kept) or when it
+    already charges them as `event`, otherwise a new one from `get_accountant(name, event)`
+    holding `accountant`'s history."""
+    own = event.traits.accountant  # a selection's own accountant (shuffle, random allocation)
+    if event.plain and own is None:
         return accountant
     current = getattr(accountant, "event", None)
-    if current == event or (event.plain and isinstance(accountant, ShuffleAccountant)):
+    if current == event or (event.plain and getattr(accountant, "sampling", None) == own.sampling):
         return accountant
     charged = get_accountant(accountant.name, event)
     charged.load_state_dict({"name": charged.name, "history": accountant.history})
     return charged
 
 
-def private_classes(distributed: bool, selection: str, sharded: bool = False) -> tuple[type, type]:
-    """(loader class, optimizer class) for make_private and the plan's selection kind
-    (poisson | shuffle | cyclic_poisson | given): the distributed pair for a DDP model, with the
-    sharded optimizer for a fully sharded (FSDP2) one.
-
-    Raises ConfigError for a DDP model without Poisson or cyclic Poisson sampling: every rank
-    would then train on the same given batches and the all-reduce would count each example once
-    per rank (sensitivity W * C instead of C); and for a sharded model with cyclic Poisson.
-    """
+def optimizer_class(distributed: bool, sharded: bool = False) -> type:
+    """The DP optimizer of a model: one process, DDP (clipped sums all-reduced, noise added
+    once) or a fully sharded (FSDP2) one (reduce-scattered, each rank noising its rows)."""
     if not distributed:
-        loaders = {"shuffle": ShuffleDataLoader, "cyclic_poisson": CyclicPoissonDataLoader}
-        return loaders.get(selection, DPDataLoader), DPOptimizer
-    if selection == "cyclic_poisson" and sharded:
-        raise ConfigError("privacy.sampling=cyclic_poisson (which banded and BLT noise use) with a "
-                          "fully sharded (FSDP) model is not supported: the sharded optimizer's "
-                          "per-rank noise has not been verified with cyclic groups and noise "
-                          "buffers. Use hardware=ddp, or privacy.noise=independent with "
-                          "privacy.sampling=poisson under hardware=fsdp.")
-    if selection == "cyclic_poisson":
-        return DistributedCyclicPoissonDataLoader, DistributedDPOptimizer
-    if selection != "poisson":
-        raise ConfigError("poisson_sampling=False with a DistributedDataParallel or fully sharded "
-                          "(FSDP) model: each rank would train on the same batches of the given "
-                          "loader and the clipped sums, summed across ranks, would count every "
-                          "example once per rank. Use poisson_sampling=True (each rank then "
-                          "samples its own shard).")
-    return DistributedDPDataLoader, ShardedDPOptimizer if sharded else DistributedDPOptimizer
+        return DPOptimizer
+    return ShardedDPOptimizer if sharded else DistributedDPOptimizer
 
 
 def warn_if_delta_too_large(delta: float, num_samples: int | None, argument: str) -> None:
@@ -381,8 +356,8 @@ class PrivacyEngine:
         unit = Unit(privacy_unit, max_examples_per_user=max_examples_per_user)
         _, rate = self._unit_rate(data_loader, unit, user_ids)
         if sampling is None and not poisson_sampling:
-            sampling = "given"
-        if sampling == "given_shuffle":  # one pass of the caller's loader is an epoch
+            sampling = Given.kind
+        if sampling == GivenShuffle.kind:  # one pass of the caller's loader is an epoch
             rate = given_shuffle_rate(data_loader)
         sigma = check_noise_multiplier(noise_multiplier) if noise_multiplier is not None else None
         norm = check_max_grad_norm(max_grad_norm, per_layer=clipping == "per_layer")
@@ -477,7 +452,11 @@ class PrivacyEngine:
         distributed = distributed or sharded
         users = user_level_request(plan.unit.kind, user_ids, plan.unit.max_examples_per_user,
                                    performance.grad_sample_mode, distributed)
-        loader_class, optimizer_class = private_classes(distributed, plan.selection.kind, sharded)
+        context = LoaderContext(generator=self.sampling_generator, secure=self.secure_mode,
+                                allow_non_poisson=allow_non_poisson, distributed=distributed,
+                                sharded=sharded)
+        if distributed:
+            plan.selection.check_distributed(context)
         num_samples, _ = self._unit_rate(data_loader, plan.unit, user_ids)  # N: examples or users
         plan = plan.with_dataset(num_samples)
         sigma, sample_rate = plan.noise.multiplier, plan.selection.sample_rate
@@ -502,15 +481,16 @@ class PrivacyEngine:
             clipper.gradient_noise_multiplier(sigma)  # adaptive: fails now if sigma_b is too small
             self._place_noise_generator([p for _, p in named])
             if users is None:
-                private_loader = self._private_loader(data_loader, plan, allow_non_poisson,
-                                                      rate_sched, loader_class)
+                self.poisson_sampling = plan.selection.poisson
+                private_loader = plan.selection.private_loader(
+                    data_loader, dataclasses.replace(context, rate_schedule=rate_sched))
                 self._check_epochs_aligned(private_loader)  # a shuffled pass starts an epoch
             else:
                 check_user_level_source(source)
                 private_loader = self._user_loader(data_loader, users, plan, rate_sched)
                 clipper = user_level_clipper(clipper, [p for _, p in named],
                                              private_loader.batch_user_groups, source)
-            dp_optimizer = optimizer_class(
+            dp_optimizer = optimizer_class(distributed, sharded)(
                 optimizer, sigma, None, expected_batch_size, clipper, module=source,
                 sample_rate=sample_rate,
                 noise_generator=noise_generator or self.noise_generator,
@@ -606,10 +586,8 @@ class PrivacyEngine:
         """Epsilon spent so far at `delta` (warns when the loader is not Poisson-sampled, and when
         the noise or the sampling is reproducible from a seed)."""
         warn_if_delta_too_large(delta, self.dataset_size, "delta")
-        if self.plan is not None and self.plan.selection.kind == "given":
-            warnings.warn("The data loader does not use Poisson sampling (allow_non_poisson=True): "
-                          "the epsilon assumes Poisson sampling and is NOT a proven guarantee for "
-                          "this run.", UserWarning, stacklevel=2)
+        if self.plan is not None and not self.plan.selection.proven:
+            warnings.warn(self.plan.selection.warning, UserWarning, stacklevel=2)
         if self.randomness() == "reproducible":
             warnings.warn("The mechanism is reproducible from a seed (reproducible_mechanism=True "
                           "or a noise_generator): the epsilon is NOT a guarantee if the seed is "
@@ -757,41 +735,6 @@ class PrivacyEngine:
             data_loader, users.user_ids, max_examples_per_user=users.max_examples_per_user,
             generator=self.sampling_generator, secure=self.secure_mode,
             sample_rate_schedule=rate_schedule)
-
-    def _private_loader(self, data_loader: DataLoader, plan: PrivacyPlan,
-                        allow_non_poisson: bool, rate_schedule: Schedule | None,
-                        loader_class: type[DPDataLoader] = DPDataLoader) -> Any:
-        """The plan's loader (Poisson or shuffle, at the plan's q), the caller's loader charged
-        as a shuffle when it qualifies (given_shuffle), or the given loader when non-Poisson
-        sampling is allowed."""
-        kind = plan.selection.kind
-        self.poisson_sampling = kind == "poisson"
-        if kind == "cyclic_poisson":
-            return loader_class.from_data_loader(data_loader, sample_rate=plan.selection.sample_rate,
-                                                 groups=plan.selection.groups,
-                                                 generator=self.sampling_generator,
-                                                 secure=self.secure_mode)
-        if kind == "shuffle":
-            return loader_class.from_data_loader(data_loader, sample_rate=plan.selection.sample_rate,
-                                                 generator=self.sampling_generator,
-                                                 secure=self.secure_mode)
-        if kind == "given_shuffle":
-            return GivenShuffleLoader(data_loader, plan.selection.sample_rate)
-        if kind == "poisson":
-            return loader_class.from_data_loader(data_loader, sample_rate=plan.selection.sample_rate,
-                                                 generator=self.sampling_generator,
-                                                 secure=self.secure_mode,
-                                                 sample_rate_schedule=rate_schedule)
-        if not allow_non_poisson:
-            raise ConfigError("poisson_sampling=False: the privacy accounting assumes Poisson "
-                              "sampling; use sampling=\"shuffle\" (fixed-size batches of a shuffle, "
-                              "accounted without amplification), or pass allow_non_poisson=True to "
-                              "train on your own loader anyway (get_epsilon will then warn that the "
-                              "epsilon is not a guarantee).")
-        if rate_schedule is not None:
-            raise ConfigError("sample_rate_schedule needs poisson_sampling=True: a fixed-batch "
-                              "loader cannot follow a sample-rate schedule.")
-        return data_loader
 
 
 class PrivateTraining(NamedTuple):

@@ -34,29 +34,27 @@ from dptrain.checks import (
     default_delta,
     one_of,
 )
-from dptrain.data.cyclic_sampling import check_groups
 from dptrain.data.user_sampling import check_max_examples_per_user
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import CLIPPING_MODES
 from dptrain.privacy.noise import Independent, NoiseStrategy, check_compatible, strategy_from_dict
 from dptrain.privacy.schedules import Schedule, as_schedule
+from dptrain.privacy.selection import (  # noqa: F401  (Selection, default_selection: re-exported)
+    Selection,
+    default_selection,
+    noise_bands as strategy_bands,
+    selection_class,
+    selection_kinds,
+)
 from dptrain.privacy.user_level import PRIVACY_UNITS as UNITS
 
 # Who epsilon protects (UNITS): "example" (datasets differing in one training example) or
 # "user" (in all the examples of one user: dptrain.privacy.user_level).
-# How batches are selected: "poisson" (each example joins each batch with probability q,
-# amplified accounting), "shuffle" (fixed-size batches of a fresh shuffle each epoch,
-# accounted without amplification: dptrain.accounting.shuffle) or "cyclic_poisson" (the examples
-# split once into `groups` groups, group t mod groups Poisson-sampled at step t: each example at
-# most once every `groups` steps, as banded correlated noise needs; dptrain.data.cyclic_sampling).
-# "given": the Python caller's own loader (make_private(poisson_sampling=False,
-# allow_non_poisson=True)), accounted as if Poisson: NOT a guarantee (the engine warns; the CLI
-# never builds one). "given_shuffle": the Python caller's own loader when it provably puts each
-# example in at most one batch per pass (dptrain.data.given_shuffle), accounted as "shuffle".
-SELECTIONS = ("poisson", "shuffle", "cyclic_poisson", "given", "given_shuffle")
-GIVEN_SELECTIONS = ("given", "given_shuffle")  # the caller's loader is kept
-COMMAND_SELECTIONS = tuple(kind for kind in SELECTIONS
-                           if kind not in GIVEN_SELECTIONS)  # privacy.sampling
+# How batches are selected: the registered strategies of dptrain.privacy.selection (one module
+# each); the command line builds those it may (COMMAND_SELECTIONS), make_private all of them.
+SELECTIONS = selection_kinds()
+COMMAND_SELECTIONS = selection_kinds(command=True)   # privacy.sampling
+GIVEN_SELECTIONS = tuple(k for k in SELECTIONS if k not in COMMAND_SELECTIONS)  # the caller's loader
 RANDOMNESS = ("os_entropy", "secure", "reproducible")
 GRAD_SAMPLE_MODES = ("hooks", "ghost")
 PRECISIONS = ("fp32", "bf16")
@@ -78,87 +76,6 @@ class Unit:
         if self.kind == "example" and self.max_examples_per_user is not None:
             raise ConfigError("privacy.max_examples_per_user is only used with privacy.unit=user: "
                               "set privacy.unit=user, or drop it.")
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Batch selection: `kind` (poisson | shuffle | cyclic_poisson | given | given_shuffle) and
-    q, each example's share of a batch: the expected number of batches an example is in per step.
-
-    Poisson: q is each example's inclusion probability (expected batch size q N). Shuffle: the
-    batch size is round(q N) and every example is in exactly one batch per epoch. Given shuffle:
-    the caller's loader, each example in at most one batch of each of its passes, one pass an
-    epoch (dptrain.data.given_shuffle); charged as shuffle. Cyclic Poisson:
-    the N examples are split once into `groups` groups of N / groups (give or take one), and at
-    step t each example of group t mod groups joins with probability q_group = groups * q (so
-    groups * q <= 1): an example takes part at most once every `groups` steps, on average q
-    times per step as with Poisson, and the expected batch size is q_group |group| ~ q N. An
-    epoch is `steps_per_epoch` = ceil(1 / q) steps for all three. `schedule` (Poisson only)
-    varies q by step.
-    """
-
-    sample_rate: float
-    kind: str = "poisson"
-    schedule: Mapping[str, Any] | None = None
-    groups: int = 1
-
-    def __post_init__(self) -> None:
-        one_of(*SELECTIONS).check(self.kind, "privacy.sampling")
-        object.__setattr__(self, "sample_rate", check_sample_rate(self.sample_rate))
-        if self.schedule is not None and (self.shuffled or self.kind == "cyclic_poisson"):
-            raise ConfigError(f"a sample_rate_schedule needs privacy.sampling=poisson: {self.kind} "
-                              "batches keep one sample rate for the whole run. Drop the schedule.")
-        self._check_groups()
-
-    def _check_groups(self) -> None:
-        """ConfigError naming privacy.sampling_groups unless it is a count that fits q and the
-        selection is cyclic Poisson when it is above 1."""
-        check_groups(self.groups, self.sample_rate)
-        if self.groups > 1 and self.kind != "cyclic_poisson":
-            raise ConfigError(f"privacy.sampling_groups={self.groups} splits the data for cyclic "
-                              f"Poisson sampling, not for privacy.sampling={self.kind}: set "
-                              "privacy.sampling=cyclic_poisson, or drop privacy.sampling_groups.")
-
-    @property
-    def steps_per_epoch(self) -> int:
-        """Steps in one epoch: ceil(1 / q) (the sampler's, the trainer's and the planner's)."""
-        return steps_per_epoch(self.sample_rate)
-
-    @property
-    def min_separation(self) -> int:
-        """The steps between two participations of one example that a correlated noise strategy
-        is optimised for: `groups` under cyclic Poisson sampling (exact), steps_per_epoch for
-        shuffled batches (one per epoch; two can still be adjacent across an epoch boundary,
-        which the accounting charges), 1 for Poisson batches."""
-        if self.kind == "cyclic_poisson":
-            return self.groups
-        return self.steps_per_epoch if self.shuffled else 1
-
-    @property
-    def shuffled(self) -> bool:
-        """Whether its steps are charged as shuffled batches (each example at most once per
-        epoch, no amplification): dptrain's shuffle, or the caller's loader that qualifies."""
-        return self.kind in ("shuffle", "given_shuffle")
-
-    @property
-    def steps_follow_batches(self) -> bool:
-        """Whether step t must release exactly batch t of the private loader (a skipped batch
-        would shift the batches against the accountant's groups or epochs): cyclic Poisson
-        groups, dptrain's shuffle and the caller's loader charged as a shuffle."""
-        return self.shuffled or self.kind == "cyclic_poisson"
-
-    @property
-    def accounting(self) -> AccountingEvent:
-        """How its steps are charged with independent noise (dptrain.accounting.events): its
-        kind ("given", a caller's own loader, as "poisson": no guarantee; "given_shuffle" as
-        "shuffle") and groups. `PrivacyPlan.accounting` adds the noise strategy."""
-        kind = {"given": "poisson", "given_shuffle": "shuffle"}.get(self.kind, self.kind)
-        return AccountingEvent(kind, self.groups)
-
-    @property
-    def amplified(self) -> bool:
-        """Whether the selection allows amplification by subsampling ((cyclic) Poisson)."""
-        return self.kind in ("poisson", "cyclic_poisson")
 
 
 @dataclass(frozen=True)
@@ -243,19 +160,10 @@ class PrivacyPlan:
         one_of(*RANDOMNESS).check(self.randomness, "randomness")
         if self.delta is not None:
             object.__setattr__(self, "delta", check_delta(self.delta, "target_delta"))
-        if self.unit.kind == "user" and self.selection.kind != "poisson":
-            raise ConfigError("privacy.unit=user samples users with Poisson sampling: "
-                              f"privacy.sampling={self.selection.kind} (or poisson_sampling=false) "
-                              "is not supported with it. Use privacy.sampling=poisson.")
-        if (self.selection.shuffled or self.selection.kind == "cyclic_poisson") \
-                and self.clipping.kind == "adaptive":
-            raise ConfigError("clipping=adaptive needs sampling=poisson: its clipped count is "
-                              "accounted as a Poisson-sampled query. Use clipping=flat or "
-                              f"per_layer with {self.selection.kind} batches.")
         check_compatible(self.noise.strategy, noise_schedule=self.noise.schedule is not None,
                          rate_schedule=self.selection.schedule is not None,
                          clipping=self.clipping.kind)
-        check_selection_fits_noise(self.selection, self.noise)
+        self.selection.check_plan(self)   # unit, clipping and noise beside the selection
 
     # -- derived values ------------------------------------------------------------------------
     @property
@@ -340,10 +248,7 @@ def noise_strategy(noise: Noise) -> NoiseStrategy | None:
 def noise_bands(noise: Noise) -> int | None:
     """b of a banded noise strategy (each example may then take part at most once every b
     steps for the amplified accounting); None for other noise."""
-    strategy = noise_strategy(noise)
-    if strategy is None or strategy.name != "banded":
-        return None
-    return int(strategy.bands)
+    return strategy_bands(noise.strategy)
 
 
 def selection_for(noise: Noise, sample_rate: float, kind: str | None = None,
@@ -351,63 +256,14 @@ def selection_for(noise: Noise, sample_rate: float, kind: str | None = None,
                   schedule: Mapping[str, Any] | None = None) -> Selection:
     """The batch selection of a plan with `noise`, `kind` and `groups` as the user gave them
     (None: not given); `default_selection` of its noise's kind."""
-    strategy = noise_strategy(noise)
-    return default_selection("independent" if strategy is None else strategy.name, sample_rate,
-                             kind, groups, schedule, bands=noise_bands(noise))
-
-
-def default_selection(noise_kind: str, sample_rate: float, kind: str | None = None,
-                      groups: int | None = None, schedule: Mapping[str, Any] | None = None,
-                      bands: int | None = None) -> Selection:
-    """The batch selection for noise of `noise_kind` (independent | banded | blt; `bands` b when
-    banded) with `kind` and `groups` as the user gave them (None: not given).
-
-    The one rule for a missing selection: banded noise of b > 1 bands picks cyclic Poisson
-    sampling with b groups (each example at most once every b steps: the amplified accounting
-    of banded MF); BLT noise picks cyclic Poisson sampling with floor(1 / q) groups (each example
-    at most once every floor(1 / q) steps, about once per epoch: the min-separation schema its
-    sensitivity is computed and its parameters optimised for; under Poisson sampling an example
-    could take part at every step); independent noise picks Poisson sampling. Groups given
-    without a kind mean cyclic Poisson; cyclic Poisson without groups takes the same default."""
-    if noise_kind == "banded" and bands is not None and bands > 1:
-        default_groups = bands
-    elif noise_kind == "blt":
-        default_groups = max(1, math.floor(1.0 / check_sample_rate(sample_rate) + 1e-9))
-    else:
-        default_groups = 1
-    if kind is None:
-        if groups is not None and groups != 1:
-            kind = "cyclic_poisson"
-        else:
-            kind = "poisson" if default_groups == 1 else "cyclic_poisson"
-    if kind == "cyclic_poisson" and groups is None:
-        groups = default_groups
-    return Selection(sample_rate=sample_rate, kind=kind, schedule=schedule,
-                     groups=1 if groups is None else groups)
+    return default_selection(noise.strategy.name, sample_rate, kind, groups, schedule,
+                             bands=noise_bands(noise))
 
 
 def check_selection_fits_noise(selection: Selection, noise: Noise) -> None:
-    """ConfigError when the noise strategy cannot be accounted with the batch selection: banded
-    noise of b bands under Poisson sampling, or cyclic Poisson of fewer than b groups (an example
-    could take part twice within b steps, and the amplified accounting would not hold), and
-    correlated noise with the caller's own loader (no participation schema to account it)."""
-    bands = noise_bands(noise)
-    if bands is not None and bands > 1 and selection.kind in ("poisson", "cyclic_poisson") \
-            and selection.groups < bands:
-        raise ConfigError(
-            f"privacy.noise=banded with {bands} bands needs each example to take part at most "
-            f"once every {bands} steps, but privacy.sampling={selection.kind} with "
-            f"{selection.groups} group(s) can sample it in consecutive steps. Leave "
-            "privacy.sampling unset (banded noise then picks cyclic Poisson sampling with "
-            f"{bands} groups), or set privacy.sampling=cyclic_poisson "
-            f"privacy.sampling_groups={bands} (or more), or privacy.sampling=shuffle "
-            "(accounted without amplification).")
-    if selection.kind == "given" and AccountingEvent(strategy=noise_strategy(noise)).correlated:
-        raise ConfigError(
-            "correlated noise (privacy.noise other than independent) needs batches dptrain "
-            "selects itself: with the caller's own loader (poisson_sampling=False) no "
-            "participation schema is known to account it. Use sampling='poisson', "
-            "'cyclic_poisson' or 'shuffle'.")
+    """ConfigError when the noise strategy cannot be accounted with the batch selection (the
+    selection's own rule: `Selection.check_noise`)."""
+    selection.check_noise(noise.strategy)
 
 
 def calibrated(plan: PrivacyPlan, epochs: float, tolerance: float = 0.01) -> PrivacyPlan:

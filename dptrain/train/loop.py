@@ -292,7 +292,7 @@ class Trainer:
         forward = self.resumer.fast_forward
         self.resumer.fast_forward = None
         plan = self.job.privacy.plan
-        if forward is not None and plan is not None and plan.selection.shuffled:
+        if forward is not None and plan is not None and plan.selection.epoch_bound:
             forward = None
         if forward is not None:
             self.checkpointer.restore_generators(forward["epoch_start_generators"], "resume")

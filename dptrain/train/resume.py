@@ -178,13 +178,14 @@ class Resumer:
         it): the rest of the epoch would come from a new shuffle, and an example already trained
         on in this epoch could be drawn again, charged once."""
         plan = self.job.privacy.plan
-        if (plan is None or not plan.selection.shuffled or not int(state.get("steps_in_epoch", 0))
+        if (plan is None or not plan.selection.epoch_bound or not int(state.get("steps_in_epoch", 0))
                 or self._reproducible_mechanism()):
             return
         raise ConfigError(
             f"Cannot resume from {str(path)!r} ({setting_name('train.resume')}): it was written "
-            f"{state['steps_in_epoch']} steps into an epoch of a shuffled run "
-            "(privacy.sampling=shuffle), and the epoch's shuffle is saved only with a "
+            f"{state['steps_in_epoch']} steps into an epoch of a run whose examples each take "
+            f"part once an epoch (privacy.sampling={plan.selection.kind}), and the epoch's shuffle "
+            "or allocation is saved only with a "
             "reproducible mechanism: the rest of the epoch would come from a new shuffle that "
             "could repeat an example already trained on, charged once. Resume from a checkpoint "
             "written at an epoch's end (train.resume=run/checkpoints/epoch_N.pt), or start runs "
@@ -310,7 +311,8 @@ class Resumer:
         hold; shuffled batches likewise (each epoch of steps is charged once). A clean stop
         (preemption, completion) or an exact replay leaves no such steps."""
         plan = self.job.privacy.plan
-        if not lost or plan is None or (plan.accounting.plain and not plan.selection.shuffled):
+        if not lost or plan is None or (plan.accounting.plain
+                                         and not plan.selection.steps_follow_batches):
             return
         raise ConfigError(
             f"Cannot resume the run in {str(self.run_dir)!r}: the earlier process committed "

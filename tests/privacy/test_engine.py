@@ -395,10 +395,11 @@ def test_a_model_left_in_eval_mode_is_refused_not_trained_on_noise_alone(mode: s
 
 
 def test_cyclic_poisson_sampling_on_a_fully_sharded_model_is_refused_naming_the_keys():
-    from dptrain.privacy.engine import private_classes
+    from dptrain.privacy.selection import LoaderContext, Selection
 
+    selection = Selection(0.1, kind="cyclic_poisson", groups=2)
     with pytest.raises(ConfigError, match="privacy.sampling=cyclic_poisson.*hardware=ddp"):
-        private_classes(distributed=True, selection="cyclic_poisson", sharded=True)
+        selection.check_distributed(LoaderContext(distributed=True, sharded=True))
 
 
 # -- the caller's loader charged as shuffled batches (sampling="given_shuffle") -----------------

@@ -33,7 +33,14 @@ _CLASSES = {"independent": Independent, "banded": Banded, "blt": Blt}
 DEFAULT_BUFFERS = 3
 
 __all__ = ["Banded", "Blt", "DEFAULT_BUFFERS", "Independent", "NOISE_KINDS", "NoiseGenerator",
-           "NoiseStrategy", "check_compatible", "strategy_for", "strategy_from_dict"]
+           "NoiseStrategy", "check_compatible", "noise_class", "strategy_for", "strategy_from_dict"]
+
+
+def noise_class(kind: str, key: str = "privacy.noise") -> type:
+    """The strategy class of privacy.noise=`kind`; ConfigError naming `key` otherwise."""
+    if kind not in _CLASSES:
+        raise ConfigError(f"{key}={kind!r} is unknown: use one of {list(NOISE_KINDS)}.")
+    return _CLASSES[kind]
 
 
 def strategy_from_dict(data: Mapping[str, Any] | NoiseStrategy | None) -> NoiseStrategy:

@@ -121,6 +121,14 @@ class Banded:
     coefficients: tuple[float, ...]
 
     name = "banded"
+    algorithm = "DP-MF (banded matrix factorization)"
+    noise_words = "correlated gaussian (banded Toeplitz)"
+
+    @staticmethod
+    def preferred_groups(sample_rate: float, bands: int | None = None) -> int:
+        """b groups for b bands: each example at most once every b steps (the amplified
+        accounting of banded MF); 1 when b is not known yet or 1."""
+        return 1 if bands is None else max(1, int(bands))
 
     def __post_init__(self) -> None:
         c = np.array(check_coefficients(self.coefficients, "privacy.noise banded coefficients",

@@ -25,6 +25,8 @@ evaluation is O(T d) (two rational filters).
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -145,6 +147,14 @@ class Blt:
     output_scale: tuple[float, ...]
 
     name = "blt"
+    algorithm = "DP-MF (buffered linear Toeplitz)"
+    noise_words = "correlated gaussian (BLT)"
+
+    @staticmethod
+    def preferred_groups(sample_rate: float, bands: int | None = None) -> int:
+        """floor(1 / q) groups: each example about once per epoch, the min-separation schema
+        its sensitivity is computed and its parameters optimised for."""
+        return max(1, math.floor(1.0 / sample_rate + 1e-9))
 
     def __post_init__(self) -> None:
         theta = check_coefficients(self.buf_decay, "privacy.noise blt buf_decay",

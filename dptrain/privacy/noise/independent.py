@@ -27,6 +27,14 @@ class Independent:
     """Independent Gaussian noise at every step (C = I, first column (1, 0, 0, ...))."""
 
     name = "independent"
+    #: the ledger's `algorithm` and `noise`
+    algorithm = "DP-SGD"
+    noise_words = "gaussian"
+
+    @staticmethod
+    def preferred_groups(sample_rate: float, bands: int | None = None) -> int:
+        """The cyclic groups a plan without a selection gets: 1 (Poisson sampling)."""
+        return 1
 
     def toeplitz_column(self, num_steps: int) -> np.ndarray:
         """(1, 0, ..., 0), float64, shape (num_steps,)."""

@@ -22,6 +22,7 @@ from dptrain.accounting.history import (
 )
 from dptrain.errors import DPTrainError
 from dptrain.io import atomic_write_json
+from dptrain.privacy.noise import noise_class
 from dptrain.privacy.user_level import privacy_unit_of, user_level_mechanism
 from dptrain.train.job import TrainingJob
 from dptrain.train.ledger.hashing import config_hash
@@ -322,26 +323,13 @@ def run_delta(job: TrainingJob) -> float | None:
     return None if job.engine is None else job.privacy.target_delta
 
 
-# noise strategy name -> (the ledger's `algorithm`, its `noise`): independent Gaussian noise
-# each step is DP-SGD; noise correlated across steps by a Toeplitz matrix C is DP-SGD with
-# matrix-factorization noise (DP-MF), its parameters in the recorded plan's noise.strategy
-_ALGORITHMS = {
-    "independent": ("DP-SGD", "gaussian"),
-    "banded": ("DP-MF (banded matrix factorization)", "correlated gaussian (banded Toeplitz)"),
-    "blt": ("DP-MF (buffered linear Toeplitz)", "correlated gaussian (BLT)"),
-}
-
-
 def algorithm_and_noise(strategy: str) -> tuple[str, str]:
-    """The ledger's `algorithm` and `noise` for the noise strategy named `strategy`."""
-    return _ALGORITHMS[strategy]
-
-
-# the ledger's `sampling` for the selections that keep the caller's loader (others: their kind)
-_SAMPLING = {
-    "given": "the caller's loader (no amplification proof)",
-    "given_shuffle": "the caller's loader, each example once per pass (accounted as shuffle)",
-}
+    """The ledger's `algorithm` and `noise` for the noise strategy named `strategy`, in its own
+    words (dptrain.privacy.noise): independent Gaussian noise each step is DP-SGD; noise
+    correlated across steps by a Toeplitz matrix C is DP-SGD with matrix-factorization noise
+    (DP-MF), its parameters in the recorded plan's noise.strategy."""
+    cls = noise_class(strategy)
+    return cls.algorithm, cls.noise_words
 
 
 def mechanism(job: TrainingJob) -> dict[str, Any]:
@@ -354,7 +342,7 @@ def mechanism(job: TrainingJob) -> dict[str, Any]:
     described: dict[str, Any] = {
         "algorithm": algorithm,
         "privacy_unit": SHUFFLE_PRIVACY_UNIT if shuffled else PRIVACY_UNIT,
-        "sampling": _SAMPLING.get(plan.selection.kind, plan.selection.kind),
+        "sampling": plan.selection.description,
         # amplified by (cyclic) Poisson sampling: a noise column of at most `groups` bands
         "amplified": plan.selection.amplified and plan.accounting.amplified(
             plan.selection.groups + 1),
@@ -369,7 +357,7 @@ def mechanism(job: TrainingJob) -> dict[str, Any]:
         "grad_sample_mode": job.privacy.performance.grad_sample_mode,
         "noise_schedule": dict(plan.noise.schedule or {}),
     }
-    if plan.selection.kind == "cyclic_poisson":  # why add/remove holds for its groups
+    if plan.selection.takes_groups:  # why add/remove holds for its drawn groups
         described["sampling_partition"] = CYCLIC_PARTITION_NOTE
     if privacy_unit_of(job.engine) == "user":
         described.update(user_level_mechanism(job.engine))
@@ -409,7 +397,7 @@ def carry_partition(previous: dict[str, Any] | None, mechanism: dict[str, Any] |
     ledger says so in `mechanism`, and an example-level unit becomes the zero-out one that
     split supports (add/remove does not hold for it)."""
     if (mechanism is None or "sampling_partition" not in mechanism or not previous
-            or previous.get("sampling") != "cyclic_poisson"
+            or previous.get("sampling") != mechanism.get("sampling")
             or previous.get("sampling_partition") == CYCLIC_PARTITION_NOTE):
         return
     mechanism["sampling_partition"] = EQUAL_SPLIT_PARTITION_NOTE
