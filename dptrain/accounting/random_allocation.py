@@ -310,8 +310,7 @@ class RandomAllocationAccountant(Accountant):
     """
 
     approximate = False
-    guarantee = ("upper bound (random allocation: exact remove-direction RDP, add direction "
-                 "bounded in closed form or integrated; add/remove adjacency)")
+    guarantee = "upper bound (random allocation, add/remove adjacency)"
     sampling = "balls_in_bins"
 
     def __init__(self, name: str = "prv") -> None:

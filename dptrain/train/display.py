@@ -20,7 +20,9 @@ from typing import Any
 
 from dptrain.train.evaluation import Tally
 from dptrain.train.job import RunResult
+from dptrain.errors import DPTrainError
 from dptrain.train.ledger import PRIVACY_UNIT, PrivacyLedger
+from dptrain.train.ledger.verification import ledger_accountant
 
 log = logging.getLogger("dptrain.train")
 
@@ -239,13 +241,13 @@ def privacy_rows(ledger: PrivacyLedger) -> list[tuple[str, str]]:
     data = ledger.data
     name, target = data["accountant"], data["target"]["epsilon"]
     rows = [(f"epsilon ({name})", f"{_fmt(ledger.epsilon)} at delta={data['delta']:g} "
-                                  f"({_guarantee(name)})"),
+                                  f"({_guarantee(data, name)})"),
             ("mechanism", mechanism_summary(data["mechanism"])),
             ("privacy unit", data["mechanism"].get("privacy_unit", PRIVACY_UNIT))]
     for other, claim in sorted(data["epsilon_by_accountant"].items()):
         if other == name:
             continue
-        value = f"{_fmt(claim['epsilon'])} ({_guarantee(other)})"
+        value = f"{_fmt(claim['epsilon'])} ({_guarantee(data, other)})"
         if (not claim["approximate"] and target is not None and claim["epsilon"] is not None
                 and float(claim["epsilon"]) > target):
             value += (f": above the target {target:g}, a looser bound than {name}'s, the "
@@ -270,11 +272,14 @@ def mechanism_summary(mechanism: dict[str, Any]) -> str:
             f"{_fmt(mechanism.get('noise_multiplier'))}")
 
 
-def _guarantee(accountant: str) -> str:
-    """What an accountant's epsilon is (its `guarantee`); "?" for a name no longer registered."""
-    from dptrain.accounting import ACCOUNTANTS
-
-    return getattr(ACCOUNTANTS.get(accountant), "guarantee", "?")
+def _guarantee(data: dict[str, Any], accountant: str) -> str:
+    """What the ledger's claim under `accountant` is (the `guarantee` of the accountant charging
+    its plan's steps under that name: a shuffle's or balls-in-bins' own); "?" for a name no
+    longer registered."""
+    try:
+        return ledger_accountant(data, accountant).guarantee
+    except DPTrainError:
+        return "?"
 
 
 def _fmt(value: float | str | None) -> str:

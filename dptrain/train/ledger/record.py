@@ -27,7 +27,6 @@ from dptrain.privacy.user_level import privacy_unit_of, user_level_mechanism
 from dptrain.train.job import TrainingJob
 from dptrain.train.ledger.hashing import config_hash
 from dptrain.train.ledger.schema import (
-    APPROXIMATE_ACCOUNTANTS,
     CYCLIC_PARTITION_NOTE,
     EARLIER_REPRODUCIBLE_NOTE,
     EQUAL_SPLIT_PARTITION_NOTE,
@@ -41,6 +40,7 @@ from dptrain.train.ledger.schema import (
     ZERO_OUT_PRIVACY_UNIT,
 )
 from dptrain.train.ledger.verification import (
+    ledger_accountant,
     _as_float,
     accounting_record,
     available_accountants,
@@ -310,7 +310,9 @@ class PrivacyLedger:
                 error = None
             except (DPTrainError, ValueError, ArithmeticError) as err:  # does not apply here
                 eps, error = None, f"{type(err).__name__}: {err}"
-            claims[name] = {"epsilon": eps, "approximate": name in APPROXIMATE_ACCOUNTANTS}
+            # the selection's own accountant (shuffle, balls-in-bins) is exact whatever the name
+            approximate = ledger_accountant(self.data, name).approximate
+            claims[name] = {"epsilon": eps, "approximate": bool(approximate)}
             if error:
                 claims[name]["error"] = error
         return claims

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dptrain.accounting import ACCOUNTANTS, compute_epsilon
+from dptrain.accounting import ACCOUNTANTS, compute_epsilon, get_accountant
 from dptrain.accounting.events import AccountingEvent
 from dptrain.accounting.history import History, history_from_json, history_steps
 from dptrain.errors import ConfigError
@@ -55,6 +55,13 @@ def ledger_sampling(data: dict[str, Any]) -> str | AccountingEvent:
     if not plan:
         return "poisson"
     return PrivacyPlan.from_dict(plan).accounting
+
+
+def ledger_accountant(data: dict[str, Any], name: str) -> Any:
+    """An empty accountant of `name` charging steps as the ledger's plan does (shuffled batches
+    and balls-in-bins: the selection's own accountant, carrying the name): what its `guarantee`
+    and `approximate` say of that name's claim."""
+    return get_accountant(name, ledger_sampling(data))
 
 
 def accounting_record(data: dict[str, Any], history: History) -> dict[str, Any] | None:
