@@ -43,7 +43,7 @@ from dptrain.privacy.plan import (
     Selection,
     default_selection,
 )
-from dptrain.privacy.selection import correlated
+from dptrain.privacy.selection import correlated, selection_class
 
 PROG = "dptrain-privacy"
 ORDER = ("prv", "rdp", "gdp")  # table order: the default (tight) accountant first
@@ -173,7 +173,8 @@ def resolve_horizon(args: argparse.Namespace) -> Horizon:
     delta = _delta(args.delta, args.dataset_size)
     if args.epochs is not None:
         POSITIVE_NUMBER.check(args.epochs, "--epochs")
-    if args.sampling_groups is not None and args.sampling not in (None, "cyclic_poisson"):
+    if args.sampling_groups is not None and args.sampling is not None \
+            and not selection_class(args.sampling).takes_groups:
         raise PrivacyError("--sampling-groups needs --sampling cyclic_poisson")
     if args.sampling_groups is not None and args.sampling_groups * q > 1 + 1e-12:
         raise PrivacyError(f"--sampling-groups={args.sampling_groups} with q={q:g}: each group "

@@ -30,7 +30,13 @@ from dptrain.cli.schema import EpsilonPrivacyConfig, SigmaPrivacyConfig
 from dptrain.data.user_sampling import check_max_examples_per_user
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import CLIPPING_MODES
-from dptrain.privacy.noise import NOISE_KINDS, strategy_for
+from dptrain.privacy.noise import (
+    NOISE_KINDS,
+    Independent,
+    check_noise_keys,
+    noise_class,
+    strategy_for,
+)
 from dptrain.privacy.plan import (
     COMMAND_SELECTIONS,
     GRAD_SAMPLE_MODES,
@@ -42,6 +48,7 @@ from dptrain.privacy.plan import (
     default_selection,
 )
 from dptrain.privacy.schedules import as_schedule
+from dptrain.privacy.selection import Shuffle
 from dptrain.privacy.user_level import PRIVACY_UNITS
 
 EPSILON, SIGMA, NONE = "epsilon", "sigma", "none"
@@ -188,7 +195,7 @@ class PrivacyRequest:
     def _strategy(self, selection: Selection, steps: int | None, momentum: float) -> Any:
         """The noise strategy of privacy.noise, optimised for `steps` steps and the separation
         of `selection`'s participations (independent noise needs none)."""
-        if self.noise != "independent" and steps is None:
+        if noise_class(self.noise) is not Independent and steps is None:
             raise ConfigError(f"privacy.noise={self.noise} is optimised for the run's number of "
                               "steps, which is not known here: set train.epochs.")
         return strategy_for(self.noise, steps or 1, bands=self.noise_bands,
@@ -244,16 +251,12 @@ def _noise_keys(privacy: Mapping[str, Any]) -> dict[str, Any]:
     counts = {key: POSITIVE_INT.or_none().check(privacy.get(key), f"privacy.{key}")
               for key in ("noise_bands", "noise_buffers")}
     kind = one_of(*NOISE_KINDS).check(privacy.get("noise", "independent"), "privacy.noise")
-    for key, used_by in (("noise_bands", "banded"), ("noise_buffers", "blt")):
-        if counts[key] is not None and kind != used_by:
-            raise ConfigError(f"privacy.{key}={counts[key]} is only used with "
-                              f"privacy.noise={used_by} (privacy.noise={kind}): drop it, or set "
-                              f"privacy.noise={used_by}.")
-    if kind == "banded" and counts["noise_bands"] is None:
-        raise ConfigError("privacy.noise=banded needs privacy.noise_bands=B, the number of bands "
-                          "(an example then takes part at most once every B steps), e.g. "
-                          "privacy.noise_bands=4.")
+    check_noise_keys(kind, bands=counts["noise_bands"], buffers=counts["noise_buffers"])
     return {"noise": kind, **counts}
+
+
+#: what privacy.poisson_sampling=false (the older name) means: privacy.sampling=shuffle
+POISSON_SAMPLING_FALSE = Shuffle.kind
 
 
 def _sampling(privacy: Mapping[str, Any]) -> str | None:
@@ -264,9 +267,9 @@ def _sampling(privacy: Mapping[str, Any]) -> str | None:
     alias = BOOLEAN.check(privacy.get("poisson_sampling", True), "privacy.poisson_sampling")
     sampling = privacy.get("sampling")
     if sampling is None:
-        return None if alias else "shuffle"
+        return None if alias else POISSON_SAMPLING_FALSE
     sampling = one_of(*COMMAND_SELECTIONS).check(sampling, "privacy.sampling")
-    if sampling != "shuffle" and not alias:
+    if sampling != POISSON_SAMPLING_FALSE and not alias:
         raise ConfigError(f"privacy.sampling={sampling} but privacy.poisson_sampling={str(alias).lower()} "
                           "(its older name) says otherwise: set privacy.sampling alone.")
     return sampling

@@ -33,7 +33,7 @@ _CLASSES = {"independent": Independent, "banded": Banded, "blt": Blt}
 DEFAULT_BUFFERS = 3
 
 __all__ = ["Banded", "Blt", "DEFAULT_BUFFERS", "Independent", "NOISE_KINDS", "NoiseGenerator",
-           "NoiseStrategy", "check_compatible", "noise_class", "strategy_for", "strategy_from_dict"]
+           "NoiseStrategy", "check_compatible", "check_noise_keys", "noise_class", "strategy_for", "strategy_from_dict"]
 
 
 def noise_class(kind: str, key: str = "privacy.noise") -> type:
@@ -76,26 +76,31 @@ def strategy_for(kind: str, num_steps: int, *, bands: int | None = None,
     optimisation target only affects utility: the accounting charges the resulting column.
     ConfigError naming the key of any value that cannot be used.
     """
-    if kind not in NOISE_KINDS:
-        raise ConfigError(f"privacy.noise={kind!r} is unknown: use one of {list(NOISE_KINDS)}.")
-    if kind != "banded" and bands is not None:
-        raise ConfigError(f"privacy.noise_bands={bands} is only used with privacy.noise=banded "
-                          f"(privacy.noise={kind}): drop it, or set privacy.noise=banded.")
-    if kind != "blt" and buffers is not None:
-        raise ConfigError(f"privacy.noise_buffers={buffers} is only used with privacy.noise=blt "
-                          f"(privacy.noise={kind}): drop it, or set privacy.noise=blt.")
+    check_noise_keys(kind, bands=bands, buffers=buffers)
     if kind == "independent":
         return Independent()
     if kind == "banded":
-        if bands is None:
-            raise ConfigError("privacy.noise=banded needs privacy.noise_bands=B, the number of "
-                              "bands (the steps between two participations of an example; "
-                              "e.g. privacy.noise_bands=4).")
         return Banded.optimised(bands, num_steps, momentum=momentum)
     min_sep = max(1, min(int(steps_per_epoch), num_steps))
     return Blt.optimised(DEFAULT_BUFFERS if buffers is None else buffers, num_steps,
                          min_sep=min_sep, max_participations=math.ceil(num_steps / min_sep),
                          momentum=momentum)
+
+
+def check_noise_keys(kind: str, *, bands: int | None = None, buffers: int | None = None) -> str:
+    """`kind` (privacy.noise) once its counts are checked: ConfigError for an unknown kind, a
+    count given for another kind (privacy.noise_bands is banded's, privacy.noise_buffers BLT's)
+    and banded noise without its bands. The one rule the command line and `strategy_for` use."""
+    noise_class(kind)
+    for key, value, owner in (("noise_bands", bands, "banded"), ("noise_buffers", buffers, "blt")):
+        if value is not None and kind != owner:
+            raise ConfigError(f"privacy.{key}={value} is only used with privacy.noise={owner} "
+                              f"(privacy.noise={kind}): drop it, or set privacy.noise={owner}.")
+    if kind == "banded" and bands is None:
+        raise ConfigError("privacy.noise=banded needs privacy.noise_bands=B, the number of bands "
+                          "(an example then takes part at most once every B steps), e.g. "
+                          "privacy.noise_bands=4.")
+    return kind
 
 
 def check_compatible(strategy: NoiseStrategy, *, noise_schedule: bool, rate_schedule: bool,
