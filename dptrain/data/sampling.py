@@ -91,10 +91,28 @@ class PoissonBatchSampler(Sampler[list[int]]):
             return self.sample_rate
         index = self.batches_drawn
         if self._scheduled is None or self._scheduled[0] != index:
-            rate = check_sample_rate(self.sample_rate_schedule(index),
-                               f"sample_rate_schedule (value at batch {index})")
-            self._scheduled = (index, rate)
+            self._scheduled = (index, self._rate_at(index))
         return self._scheduled[1]
+
+    def _rate_at(self, index: int) -> float:
+        """q the schedule gives batch `index` (counted over every batch drawn), checked."""
+        if self.sample_rate_schedule is None:
+            return self.sample_rate
+        return check_sample_rate(self.sample_rate_schedule(index),
+                                 f"sample_rate_schedule (value at batch {index})")
+
+    def upcoming_rates(self, count: int) -> list[float]:
+        """q of the next `count` batches the training loop will receive, in order: those drawn
+        ahead and not handed out yet at the q they were drawn with, then the schedule at the
+        indices still to be drawn. The one evaluator of q by batch: the budget forecast reads
+        it, so the q it commits for a step is the q the batch that step releases is drawn with,
+        whatever batches a loop skipped before."""
+        rates = list(self.pending_rates)[:count]
+        index = self.batches_drawn
+        while len(rates) < count:
+            rates.append(self._rate_at(index))
+            index += 1
+        return rates
 
     def hand_out(self) -> None:
         """Record that the oldest drawn batch has reached the training loop (`handed_out_rate`)

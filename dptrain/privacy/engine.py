@@ -570,6 +570,15 @@ class PrivacyEngine:
         self.accountant.step(noise_multiplier=optimizer.noise_multiplier,
                              sample_rate=optimizer.sample_rate)
 
+    def upcoming_sample_rates(self, count: int) -> list[float]:
+        """q of each of the next `count` steps when each releases the next batch of the private
+        loader: its sampler's `upcoming_rates` (the one evaluator of q by batch), else the
+        plan's q (a caller's own loader)."""
+        sampler = getattr(self.data_loader, "poisson_sampler", None)
+        if sampler is not None:
+            return sampler.upcoming_rates(count)
+        return [float(self.plan.selection.sample_rate)] * count
+
     def sample_rate_at(self, step: int) -> float:
         """q of logical step `step` (0-based) when every batch is stepped on: the plan's
         selection schedule as the private loader's sampler (its one evaluator) draws batch

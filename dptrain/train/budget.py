@@ -112,18 +112,17 @@ class PrivacySpend:
 
     def upcoming(self, count: int) -> History:
         """(sigma, q, 1) of each of the next `count` steps: sigma from the optimizer's noise
-        schedule, q from the plan's selection as the private loader draws it
-        (`PrivacyEngine.sample_rate_at`).
-
-        Schedules are pure functions of the step index (dptrain.privacy.schedules), and the
-        loop steps on every batch it draws, so these are exactly the values the accountant
-        will record.
+        schedule (a pure function of the step index, dptrain.privacy.schedules), q of the
+        batches the private loader hands out next (`PrivacyEngine.upcoming_sample_rates`: the
+        sampler indexes its schedule by batch, so a batch drawn and never stepped on cannot make
+        the committed q and the charged q disagree). The loop steps on every batch it receives,
+        so these are exactly the values the accountant will record.
         """
         opt = self.job.optimizer
         start = int(getattr(opt, "steps_taken", 0))
         sigma_at = getattr(opt, "noise_schedule", None) or (lambda _: opt.noise_multiplier)
-        q_at = self.job.engine.sample_rate_at
-        return [(float(sigma_at(i)), float(q_at(i)), 1) for i in range(start, start + count)]
+        rates = self.job.engine.upcoming_sample_rates(count)
+        return [(float(sigma_at(start + i)), float(q), 1) for i, q in enumerate(rates)]
 
     # -- every step the ledger counts ------------------------------------------------------------
     def spent(self, upcoming: History | None = None) -> History:

@@ -1,11 +1,10 @@
-"""q has one home: the plan's selection. The private loader, the DP optimizer, the engine's
-per-step rate (which the budget forecast reads) and the ledger's mechanism all take q from it,
-and a step can never be charged at another batch's q.
-
-The budget forecast (dptrain.train.budget: `PrivacySpend.upcoming`) commits step t at
-`engine.sample_rate_at(t)`; the accountant records the q batch t was drawn with. Under a
-sample-rate schedule the two agree only while step t releases batch t, so a skipped Poisson batch
-is refused there (the selection's `steps_follow_batches`)."""
+"""q has one home: the plan's selection, evaluated by batch in one place, the private loader's
+sampler. The loader, the DP optimizer, the engine and the ledger's mechanism take q from the
+plan, and the budget forecast (dptrain.train.budget: `PrivacySpend.upcoming`) commits the next
+steps at the q of the batches the loader hands out next (`engine.upcoming_sample_rates`, the
+sampler's `upcoming_rates`), which is what the accountant then charges (each step at the q its
+batch was drawn with): a Poisson batch drawn and never stepped on under a sample-rate schedule
+cannot make them disagree, as indexing the schedule by step did."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dptrain
-from dptrain.errors import PrivacyError
 from dptrain.privacy.plan import COMMAND_SELECTIONS
 from dptrain.privacy.schedules import StepSchedule
 
@@ -51,7 +49,8 @@ def _step(model, optimizer, batch) -> None:
 def test_loader_optimizer_engine_and_plan_hold_the_same_q(sampling: str):
     engine, model, optimizer, loader = _private(sampling=sampling)
     q = engine.plan.selection.sample_rate
-    assert loader.sample_rate == optimizer.sample_rate == engine.sample_rate_at(0) == q
+    assert loader.sample_rate == optimizer.sample_rate == q
+    assert engine.upcoming_sample_rates(2) == [q, q]
     for batch in loader:
         _step(model, optimizer, batch)
     assert {rate for _, rate, _ in engine.accountant.history} == {q}
@@ -60,30 +59,33 @@ def test_loader_optimizer_engine_and_plan_hold_the_same_q(sampling: str):
 def test_under_a_rate_schedule_each_step_is_charged_the_q_the_forecast_committed():
     schedule = StepSchedule(0.125, gamma=0.5, step_size=3)
     engine, model, optimizer, loader = _private(sample_rate_schedule=schedule)
-    forecast = [engine.sample_rate_at(t) for t in range(8)]      # what the budget commits
+    forecast = engine.upcoming_sample_rates(8)                   # what the budget commits
     for batch in loader:
         _step(model, optimizer, batch)
     charged = [rate for _, rate, n in engine.accountant.history for _ in range(n)]
     assert charged == forecast
 
 
-def test_a_skipped_poisson_batch_under_a_rate_schedule_is_refused():
-    """Skipping batch 1 would charge step 1 at q(2) where the forecast committed q(1)."""
+def test_a_skipped_poisson_batch_under_a_rate_schedule_leaves_forecast_and_charge_equal():
+    """Batch 1 is drawn and never stepped on: steps 1, 2, 3 release batches 2, 3, 4, and the
+    forecast made after the skip commits their q (indexing the schedule by step would commit
+    q(1), q(2), q(3))."""
     schedule = StepSchedule(0.125, gamma=0.5, step_size=1)
     engine, model, optimizer, loader = _private(sample_rate_schedule=schedule)
     batches = iter(loader)
     _step(model, optimizer, next(batches))
     next(batches)                                                  # drawn, never stepped on
-    with pytest.raises(PrivacyError):
+    forecast = engine.upcoming_sample_rates(3)
+    for _ in range(3):
         _step(model, optimizer, next(batches))
-    assert len(engine.accountant) == 1
+    charged = [rate for _, rate, n in engine.accountant.history for _ in range(n)][1:]
+    assert charged == forecast == [schedule(2), schedule(3), schedule(4)]
 
 
-def test_a_skipped_poisson_batch_at_a_constant_rate_is_allowed():
-    """Without a schedule every batch has the same q: skipping one changes no charge."""
-    engine, model, optimizer, loader = _private()
-    batches = iter(loader)
-    _step(model, optimizer, next(batches))
-    next(batches)
-    _step(model, optimizer, next(batches))
-    assert engine.accountant.history == [(1.0, 0.125, 2)]
+def test_the_forecast_counts_batches_drawn_ahead_at_the_q_they_were_drawn_with():
+    schedule = StepSchedule(0.125, gamma=0.5, step_size=1)
+    engine, _, _, loader = _private(sample_rate_schedule=schedule)
+    sampler = loader.poisson_sampler
+    drawn = iter(sampler)
+    next(drawn), next(drawn)                                       # prefetched, not handed out
+    assert engine.upcoming_sample_rates(3) == [schedule(0), schedule(1), schedule(2)]

@@ -42,13 +42,6 @@ class Poisson(Selection):
     supports_user_level: ClassVar[bool] = True
     supports_adaptive_clipping: ClassVar[bool] = True
 
-    @property
-    def steps_follow_batches(self) -> bool:  # type: ignore[override]
-        """With a sample-rate schedule, step t must release batch t: the sampler draws batch t at
-        q(t) and the budget forecast charges step t at q(t), so a skipped batch would make the
-        two disagree (every later step charged at its neighbour's q)."""
-        return self.schedule is not None
-
     def check_noise(self, strategy: Any) -> None:
         """Banded noise needs more groups than Poisson has; BLT is charged unamplified."""
         check_banded_separation(self, strategy)
