@@ -60,7 +60,10 @@ class Tally:
         has none)."""
         if samples == 0:
             return
-        self.loss_sum = self.loss_sum + losses.losses.detach().double().mean() * samples
+        # the batch's mean rounded to float32, as earlier versions reported it (`loss.float()`):
+        # runs whose weights differ by round-off only (DDP and one process) log equal losses
+        mean = losses.losses.detach().float().mean()
+        self.loss_sum = self.loss_sum + mean.double() * samples
         right = None if losses.output is None or losses.target is None else \
             _correct(losses.output.detach(), losses.target)
         self.has_accuracy &= right is not None

@@ -79,6 +79,7 @@ class TrainingJob:
     optimizer: torch.optim.Optimizer
     train_loader: torch.utils.data.DataLoader
     test_loader: torch.utils.data.DataLoader | None
+    # loss_fn(output, target): the default loss step's (ModelLoss), unless loss_step is set
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     device: torch.device
     engine: Any | None                       # dptrain.PrivacyEngine or None
