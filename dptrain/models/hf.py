@@ -40,18 +40,19 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+# the packed input [B, 2T] of earlier versions is the text datasets' stored layout
+from dptrain.data.datasets.text import pack_rows as pack_inputs  # noqa: F401
+from dptrain.data.datasets.text import unpack_rows
 from dptrain.errors import ConfigError
 from dptrain.losses import IGNORE_INDEX, TokenLoss
-from dptrain.data.datasets.text import pack_rows as pack_inputs  # noqa: F401  (the packed layout)
-from dptrain.data.datasets.text import unpack_rows
-# where pretrained files come from and the tokenizer (moved to dptrain.pretrained, which the
-# text datasets read too; these names stay importable from here)
-from dptrain.pretrained import (TOKENIZER_FILES, from_pretrained,  # noqa: F401
-                                import_transformers, is_local, load_tokenizer)
 from dptrain.models.hf_config import (DTYPES, PEFT_TASK_TYPES, TASKS, LoraConfig,
                                       check_quantize)
 from dptrain.models.hf_pooling import (POOLING_MODES, PooledClassifier, local_reader,
                                        sentence_pooling)
+# where pretrained files come from and the tokenizer (moved to dptrain.pretrained, which the
+# text datasets read too; these names stay importable from here)
+from dptrain.pretrained import (TOKENIZER_FILES, from_pretrained,  # noqa: F401
+                                import_transformers, is_local, load_tokenizer)
 
 MAX_LISTED = 6           # module / column names quoted in an error
 # Layers a quantized base keeps in model.dtype: a causal LM's output layer (transformers' own

@@ -8,7 +8,8 @@ Face inputs packed into one `[B, 2T]` tensor, `(x, y)` batches only, data/ impor
 |----------------------------------------------|--------------------------------------------------|
 | the loop x a dict batch, float64 per-sample  | ..._dict_batch_through_the_loop_clips_each_...   |
 |   gradients against micro-batches            |   (hooks and ghost: the ghost-mode crossing)     |
-| max_physical_batch_size x a dict batch       |   the same test, chunks of 3 of a batch of 12    |
+| max_physical_batch_size x a dict batch       |   the same test, chunks of 3 of a batch of 12;   |
+|                                              | ..._mapping_batch_is_cut_into_chunks_with_...    |
 | user level x a dict batch                    | ..._user_level_dict_batch_clips_each_users_mean_ |
 |                                              |   (hooks and ghost, chunks of 2)                 |
 | resume of an HF run                          | ..._hf_run_killed_mid_epoch_resumes_to_the_...   |
