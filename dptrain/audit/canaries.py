@@ -37,9 +37,11 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
+from dptrain.batches import inputs_and_targets, to_device, with_targets
 from dptrain.errors import ConfigError
+from dptrain.losses import LossStep, ModelLoss, step_losses
 from dptrain.privacy.clipping import PerSampleSource
 from dptrain.randomness import derive_seeds, make_generator
 
@@ -306,9 +308,10 @@ class _RelabelledSubset(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def __getitem__(self, k: int) -> tuple[Any, Tensor]:
-        x, y = self.base[int(self.indices[k])]
-        return x, self.labels[k] if self.relabel[k] else torch.as_tensor(y)
+    def __getitem__(self, k: int) -> Any:
+        item = self.base[int(self.indices[k])]
+        label = self.labels[k] if self.relabel[k] else torch.as_tensor(inputs_and_targets(item)[1])
+        return with_targets(item, label)
 
 
 class MislabeledCanaries:
@@ -332,7 +335,8 @@ class MislabeledCanaries:
         choice_seed, label_seed, inclusion_seed = derive_seeds(seed, 3)
         self.dataset = dataset
         self.indices = torch.randperm(size, generator=make_generator(choice_seed))[: self.count]
-        original = torch.stack([torch.as_tensor(dataset[int(i)][1]) for i in self.indices])
+        original = torch.stack([torch.as_tensor(inputs_and_targets(dataset[int(i)])[1])
+                                for i in self.indices])
         shift = torch.randint(1, num_classes, (self.count,), generator=make_generator(label_seed))
         self.labels = (original.to(torch.int64) + shift) % num_classes
         self.included = draw_inclusion(self.count, make_generator(inclusion_seed))
@@ -355,18 +359,24 @@ class MislabeledCanaries:
         if isinstance(self.dataset, ArrayDataset):
             merged = self.dataset.labels[rows].clone()
             merged[relabel] = labels[relabel]
-            return ArrayDataset(self.dataset.features[rows], merged, self.dataset.transform)
+            return type(self.dataset)(self.dataset.features[rows], merged, self.dataset.transform)
         return _RelabelledSubset(self.dataset, rows, labels, relabel)
 
     @torch.no_grad()
     def scores(self, model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
-               batch_size: int = 256, device: torch.device | str | None = None) -> np.ndarray:
+               batch_size: int = 256, device: torch.device | str | None = None,
+               loss_step: LossStep | None = None) -> np.ndarray:
         """float64 [m]: minus the model's loss on each canary with its changed label.
 
-        `loss_fn(outputs, labels)` must return one loss per example (default: cross-entropy with
-        reduction="none"). The model is evaluated in eval mode and put back in its mode after.
+        The canaries' items are collated as a batch (`(x, y)` or a mapping with `labels`:
+        `dptrain.batches`) with their changed labels; `loss_step(model, batch)` (a run's
+        `TrainingJob.step_loss`) or else `loss_fn(outputs, labels)` must return one loss per
+        example (default: cross-entropy with reduction="none"). The model is evaluated in eval
+        mode and put back in its mode after.
         """
-        loss_fn = loss_fn or (lambda out, y: nn.functional.cross_entropy(out, y, reduction="none"))
+        if loss_step is None:
+            loss_step = ModelLoss(loss_fn or (lambda out, y: nn.functional.cross_entropy(
+                out, y, reduction="none")))
         if device is None:
             device = next((p.device for p in model.parameters()), torch.device("cpu"))
         was_training = model.training
@@ -375,9 +385,10 @@ class MislabeledCanaries:
         try:
             for start in range(0, self.count, batch_size):
                 rows = self.indices[start: start + batch_size]
-                x = torch.stack([torch.as_tensor(self.dataset[int(i)][0]) for i in rows])
-                y = self.labels[start: start + batch_size]
-                losses.append(loss_fn(model(x.to(device)), y.to(device)).double().cpu())
+                batch = default_collate([self.dataset[int(i)] for i in rows])
+                batch = to_device(with_targets(batch, self.labels[start: start + batch_size]),
+                                  torch.device(device))
+                losses.append(step_losses(loss_step, model, batch).losses.double().cpu())
         finally:
             model.train(was_training)
         clear = getattr(model, "clear_per_sample", None)

@@ -19,7 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 
 import dptrain.cli.resolvers  # noqa: F401  (the configs' ${dptrain.*:...} resolvers)
 from dptrain.cli.download import in_turns
@@ -30,6 +30,7 @@ from dptrain.cli.privacy_request import (  # noqa: F401  (privacy_mode: part of 
 )
 from dptrain.accounting.calibration import steps_for
 from dptrain.accounting.history import history_to_json
+from dptrain.batches import call_model, inputs_and_targets
 from dptrain.checks import default_delta
 from dptrain.cli.schema import check_hardware, check_optimizer
 from dptrain.data.datasets import DatasetSplits, load_dataset
@@ -271,16 +272,19 @@ def check_model_fits_data(model: nn.Module, splits: DatasetSplits, model_key: st
     task = splits.info.get("task")
     if task is not None and isinstance(getattr(model, "task", None), str):
         check_task(model.task, task, splits.name)
-    inputs = torch.stack([splits.train[i][0] for i in range(min(2, len(splits.train)))])
+    batch = default_collate([splits.train[i] for i in range(min(2, len(splits.train)))])
+    inputs, _ = inputs_and_targets(batch)   # (x, y), or a text dataset's {input_ids, ...}
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            output = model(inputs)
+            output = call_model(model, inputs)
     except (RuntimeError, ValueError, IndexError, TypeError) as error:
+        shapes = ({k: list(v.shape[1:]) for k, v in inputs.items()} if isinstance(inputs, dict)
+                  else list(inputs.shape[1:]))
         raise ConfigError(
             f"model={model_key} cannot take dataset={splits.name} inputs of shape "
-            f"{list(inputs.shape[1:])} ({type(error).__name__}: {str(error).splitlines()[0]}). "
+            f"{shapes} ({type(error).__name__}: {str(error).splitlines()[0]}). "
             f"Pick a model made for this dataset (e.g. +recipe=... sets both) or adjust the model's "
             f"config keys."
         ) from error

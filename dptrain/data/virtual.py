@@ -8,7 +8,8 @@
             optimizer.step()                  # clip+accumulate only, except on a logical batch's last chunk
 
 Each logical batch (e.g. a Poisson batch of any size) is split along dim 0 into chunks of at most
-`max_physical_batch_size` rows. Before yielding a chunk the manager tells the optimizer whether
+`max_physical_batch_size` rows (an `(x, y)` batch or a mapping batch such as `{input_ids,
+attention_mask, labels}`, every tensor cut alike: `dptrain.batches`). Before yielding a chunk the manager tells the optimizer whether
 the coming `step()` is a skipped one (`signal_skip_step`), so the noise is added once per logical
 batch and the accountant is stepped once. An empty logical batch is yielded as one empty chunk
 (its step still adds noise and is accounted). With a model fully sharded (FSDP) over two or more
@@ -25,44 +26,19 @@ import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import torch
-
+from dptrain.batches import rows, slice_rows
 from dptrain.errors import ConfigError
-
-
-def _leading_size(batch: Any) -> int | None:
-    """dim 0 of the first tensor found in `batch` (tensor / tuple / list / dict), or None."""
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0] if batch.dim() > 0 else None
-    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else ()
-    for item in items:
-        size = _leading_size(item)
-        if size is not None:
-            return size
-    return None
-
-
-def _slice(batch: Any, start: int, stop: int, size: int) -> Any:
-    """Rows [start, stop) of every tensor of `batch` whose dim 0 is `size`; other leaves as is."""
-    if isinstance(batch, torch.Tensor):
-        return batch[start:stop] if batch.dim() > 0 and batch.shape[0] == size else batch
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
-        return type(batch)(*(_slice(b, start, stop, size) for b in batch))
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_slice(b, start, stop, size) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _slice(v, start, stop, size) for k, v in batch.items()}
-    return batch
 
 
 def split_batch(batch: Any, max_size: int) -> list[Any]:
     """Split a collated batch along dim 0 into ceil(B / max_size) chunks (one chunk if B <= max
     or B == 0)."""
-    size = _leading_size(batch)
+    size = rows(batch)
     if size is None or size <= max_size:
         return [batch]
     count = math.ceil(size / max_size)
-    return [_slice(batch, i * max_size, min(size, (i + 1) * max_size), size) for i in range(count)]
+    return [slice_rows(batch, i * max_size, min(size, (i + 1) * max_size), size)
+            for i in range(count)]
 
 
 def pads_passes(optimizer: Any) -> bool:
@@ -76,7 +52,7 @@ def pads_passes(optimizer: Any) -> bool:
 
 def is_empty(chunk: Any) -> bool:
     """Whether `chunk` (a collated batch) has 0 rows."""
-    return _leading_size(chunk) == 0
+    return rows(chunk) == 0
 
 
 def in_lockstep(chunks: list[Any], optimizer: Any) -> list[Any]:
@@ -84,7 +60,7 @@ def in_lockstep(chunks: list[Any], optimizer: Any) -> list[Any]:
     `pads_passes(optimizer)` (a collective); else `chunks` as is."""
     if not pads_passes(optimizer):
         return chunks
-    empty = _slice(chunks[-1], 0, 0, _leading_size(chunks[-1]) or 0)
+    empty = slice_rows(chunks[-1], 0, 0, rows(chunks[-1]) or 0)
     return chunks + [empty] * (optimizer.passes_on_every_rank(len(chunks)) - len(chunks))
 
 

@@ -60,6 +60,7 @@ from dptrain.checks import (
     check_noise_multiplier,
     default_delta,
 )
+from dptrain.batches import rows as batch_rows
 from dptrain.data.virtual import split_batch
 from dptrain.errors import BudgetExhaustedError, ConfigError
 from dptrain.io import ensure_writable_dir, json_safe
@@ -243,14 +244,6 @@ def default_per_example_loss(model: nn.Module, outputs: Any, labels: Tensor) -> 
 def _steps(count: int) -> str:
     """"1 step", "3 steps"."""
     return f"{count} step{'' if count == 1 else 's'}"
-
-
-def _rows(batch: Any) -> int:
-    """The rows of a collated batch (dim 0 of its first tensor; 0 without one)."""
-    for value in (batch.values() if isinstance(batch, Mapping) else batch):
-        if isinstance(value, Tensor) and value.dim() > 0:
-            return int(value.shape[0])
-    return 0
 
 
 class _LedgerCallback(TrainerCallback):
@@ -501,9 +494,9 @@ class PrivateTrainer(Trainer):
         covered by epsilon, like every training loss)."""
         model.train()
         batch = dict(self._prepare_inputs(inputs))
-        total, loss_sum = _rows(batch), torch.zeros((), device=self.args.device)
+        total, loss_sum = (batch_rows(batch) or 0), torch.zeros((), device=self.args.device)
         for chunk in split_batch(batch, self.physical_batch_size):
-            rows = _rows(chunk)
+            rows = batch_rows(chunk) or 0
             if rows == 0:
                 continue  # an empty Poisson batch: the step adds noise only
             with self.compute_loss_context_manager():

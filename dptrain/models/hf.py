@@ -3,14 +3,17 @@
 `build_hf_model(name_or_path, task=..., ...)` loads a `transformers` model from a local folder
 (written by `save_pretrained`) or, only when `download=True`, from the Hugging Face hub (a hub id
 already in the local cache loads without a download), optionally freezes parameters by name
-pattern and adds LoRA adapters with `peft`, and returns an :class:`HFModel`: one tensor in,
-logits out, so that the training loop's `loss_fn(model(x), y)` works as for every other model.
+pattern and adds LoRA adapters with `peft`, and returns an :class:`HFModel`: token ids and
+attention mask in, logits out.
 A sentence-transformers checkpoint is classified from the pooling it declares
 (`dptrain.models.hf_pooling.PooledClassifier`; `pooling_of` says when).
 
-Inputs are `[B, 2T]` int64: the token ids then the attention mask, right padded (`pack_inputs`,
-what `dptrain.data.datasets.text` stores), one flat row per example. Each batch is cut to its longest sequence
-before the forward pass (padding changes nothing but the cost). Outputs: `[B, num_labels]`
+Inputs are `input_ids` and `attention_mask`, `[B, T]` int64 each, right padded: the batches of
+`dptrain.data.datasets.text` (`{input_ids, attention_mask, labels}`), which the training loop's
+loss step (`dptrain.losses.ModelLoss`) passes as `model(input_ids=..., attention_mask=...)` and
+scores against `labels`. One packed `[B, 2T]` tensor (ids then mask, `pack_inputs`: the input of
+earlier versions) is still accepted. Each batch is cut to its longest sequence before the
+forward pass (padding changes nothing but the cost). Outputs: `[B, num_labels]`
 (`task="sequence_classification"`) or `[B, T', V]` (`task="causal_lm"`, `T'` the batch's longest
 sequence); `loss_for_task(task)` is the matching per-sample loss (cross-entropy, or the mean
 cross-entropy over a sample's own tokens with padding and prompt tokens masked out).
@@ -37,12 +40,19 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+# the packed input [B, 2T] of earlier versions is the text datasets' stored layout
+from dptrain.data.datasets.text import pack_rows as pack_inputs  # noqa: F401
+from dptrain.data.datasets.text import unpack_rows
 from dptrain.errors import ConfigError
 from dptrain.losses import IGNORE_INDEX, TokenLoss
 from dptrain.models.hf_config import (DTYPES, PEFT_TASK_TYPES, TASKS, LoraConfig,
                                       check_quantize)
 from dptrain.models.hf_pooling import (POOLING_MODES, PooledClassifier, local_reader,
                                        sentence_pooling)
+# where pretrained files come from and the tokenizer (moved to dptrain.pretrained, which the
+# text datasets read too; these names stay importable from here)
+from dptrain.pretrained import (TOKENIZER_FILES, from_pretrained,  # noqa: F401
+                                import_transformers, is_local, load_tokenizer)
 
 MAX_LISTED = 6           # module / column names quoted in an error
 # Layers a quantized base keeps in model.dtype: a causal LM's output layer (transformers' own
@@ -51,68 +61,7 @@ MAX_LISTED = 6           # module / column names quoted in an error
 UNQUANTIZED_MODULES = ("lm_head", "classifier", "score")
 
 
-# ----------------------------------------------------------------------------- where from
-def _import_hf() -> Any:
-    """`transformers`, or a ConfigError saying how to install the [hf] extra."""
-    try:
-        import transformers
-    except ImportError as error:  # pragma: no cover - the test environment has it
-        raise ConfigError(
-            "model=hf needs the transformers and peft packages: pip install 'dptrain[hf]'."
-        ) from error
-    return transformers
-
-
-def is_local(name_or_path: str) -> bool:
-    """True when `name_or_path` names a folder on this machine (existing, or written as a path:
-    `./x`, `../x`, `/x`, `~/x`) rather than a hub id such as `roberta-base` or `org/model`."""
-    text = str(name_or_path)
-    return Path(text).expanduser().exists() or text.startswith((".", "/", "~")) or text.count("/") > 1
-
-
-def from_pretrained(load: Callable[..., Any], name_or_path: str, *, download: bool, key: str,
-                    what: str, **kwargs: Any) -> Any:
-    """`load(name_or_path, **kwargs)` from a local folder or the hub cache; from the hub itself
-    only when `download`. Every failure to find the files is a ConfigError naming `key`.
-
-    Args:
-        load: a `from_pretrained` (of an Auto class, a tokenizer or `PeftModel`).
-        key: the config key that gave `name_or_path` (e.g. `model.name_or_path`).
-        what: what is loaded, for the message (e.g. "the model", "the tokenizer").
-    """
-    if is_local(name_or_path):
-        folder = Path(name_or_path).expanduser()
-        if not folder.is_dir():
-            raise ConfigError(
-                f"{key}={name_or_path} is not a folder: point it at a folder written by "
-                f"save_pretrained (config.json, the weights and the tokenizer files), or at a "
-                f"Hugging Face hub id such as roberta-base."
-            )
-        try:
-            return load(str(folder), **kwargs)
-        except (OSError, ValueError) as error:
-            raise ConfigError(
-                f"{key}={name_or_path}: {what} cannot be loaded from this folder "
-                f"({_first_line(error)}). It must hold what save_pretrained writes (config.json, "
-                f"model.safetensors; tokenizer.json or the tokenizer's vocabulary files)."
-            ) from error
-    try:
-        return load(name_or_path, local_files_only=not download, **kwargs)
-    except (OSError, ValueError) as error:
-        if not download:
-            raise ConfigError(
-                f"{key}={name_or_path} is a Hugging Face hub id with no local copy (not a folder "
-                f"here, not in the Hugging Face cache), and downloads are off. Add "
-                f"dataset.download=true (it allows model.download too) on a machine with network "
-                f"access, or point {key} at a folder saved with save_pretrained."
-            ) from error
-        raise ConfigError(
-            f"{key}={name_or_path}: downloading {what} from the Hugging Face hub failed "
-            f"({_first_line(error)}). Check the hub id and the network (HF_ENDPOINT, HF_TOKEN "
-            f"for gated models), or point {key} at a folder saved with save_pretrained."
-        ) from error
-
-
+# ----------------------------------------------------------------------------- progress bars
 @contextlib.contextmanager
 def _no_progress_bars(quiet: bool, transformers: Any) -> Iterator[None]:
     """transformers' progress bars off while loading files already here (`quiet`); a download
@@ -128,83 +77,37 @@ def _no_progress_bars(quiet: bool, transformers: Any) -> Iterator[None]:
             logging.enable_progress_bar()
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
-
-
-# ----------------------------------------------------------------------------- tokenizer
-# The files a saved tokenizer is read from (fast tokenizers, WordPiece, BPE, SentencePiece).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json",
-                   "merges.txt", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model")
-
-
-def _require_tokenizer_files(name_or_path: str, key: str) -> None:
-    """ConfigError for a local folder that holds no tokenizer file: transformers would build a
-    tokenizer of its few special tokens there, and every word would be trained as unknown."""
-    folder = Path(name_or_path).expanduser()
-    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise ConfigError(
-            f"{key}={name_or_path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): "
-            f"without one every word would be read as the unknown token. Save the tokenizer "
-            f"beside the weights (`tokenizer.save_pretrained(folder)`), or point {key} at a folder "
-            f"or hub id that has it."
-        )
-
-
-def load_tokenizer(name_or_path: str, *, download: bool = False, pad_token: str | None = None,
-                   key: str = "model.name_or_path") -> Any:
-    """The tokenizer of `name_or_path` with a pad token, padding on the right.
-
-    `pad_token` (e.g. GPT-2's `<|endoftext|>`) replaces the tokenizer's own, and must already be
-    in its vocabulary (a new token would need a new embedding row). It may be a token with
-    another role too: GPT-2's `<|endoftext|>` is its unknown, begin and end token at once, and a
-    Llama's `</s>` its end token. Padding is told apart by the attention mask, never by the
-    token id, so a real end token keeps its loss. Raises ConfigError for a tokenizer without a
-    pad token, saying how to set one.
-    """
-    transformers = _import_hf()
-    _require_tokenizer_files(name_or_path, key)
-    tokenizer = from_pretrained(transformers.AutoTokenizer.from_pretrained, name_or_path,
-                                download=download, key=key, what="the tokenizer")
-    if pad_token is not None:
-        # the vocabulary itself: an unknown token's id is the unknown token's (GPT-2: the end
-        # token's), so the id alone cannot tell a token of the vocabulary from an unknown one
-        if pad_token not in tokenizer.get_vocab():
-            raise ConfigError(
-                f"model.pad_token={pad_token!r} is not a token of the tokenizer of {key}="
-                f"{name_or_path}: choose one of its tokens, e.g. its end-of-text token "
-                f"{tokenizer.eos_token!r}."
-            )
-        tokenizer.pad_token = pad_token
-    if tokenizer.pad_token_id is None:
-        eos = tokenizer.eos_token
-        # quoted for the shell and for Hydra's override grammar (`<|endoftext|>` needs quotes)
-        example = f"""'model.pad_token="{eos}"'""" if eos else "model.pad_token=TOKEN"
-        raise ConfigError(
-            f"the tokenizer of {key}={name_or_path} has no pad token, needed to batch texts of "
-            f"different lengths. Set one of its tokens as the pad token: {example} (the "
-            f"end-of-text token, the usual choice for GPT-2 and Llama; padded positions are "
-            f"masked out of attention and of the loss, so the choice does not change training)."
-        )
-    tokenizer.padding_side = "right"
-    return tokenizer
-
-
 # ----------------------------------------------------------------------------- the wrapper
-def pack_inputs(ids: Tensor, mask: Tensor) -> Tensor:
-    """Token ids and attention mask `[B, T]` each -> the model input `[B, 2T]`."""
-    return torch.cat([ids, mask], dim=1)
-
-
 def unpack_inputs(x: Tensor) -> tuple[Tensor, Tensor]:
-    """The model input `[B, 2T]` -> (ids, mask), `[B, T]` each."""
-    length = x.shape[1] // 2
-    return x[:, :length], x[:, length:]
+    """The packed model input `[B, 2T]` (ids then mask, `pack_inputs`) -> (ids, mask), `[B, T]`
+    each. ConfigError when `x` cannot be one: an odd width, or a second half that is no mask of
+    right-padded examples (`_is_right_padded_mask`; token ids passed alone: give
+    `attention_mask=` too)."""
+    width = x.shape[1] if x.dim() == 2 else None
+    ids, mask = unpack_rows(x) if width is not None and width % 2 == 0 else (x, None)
+    if mask is None or not _is_right_padded_mask(x, mask):
+        raise ConfigError(
+            f"HFModel was called with one tensor of shape {tuple(x.shape)}, read as the packed "
+            f"input [B, 2T] (token ids, then their attention mask: pack_inputs(ids, mask)), but "
+            f"its second half is not the mask of right-padded examples. Call the model with "
+            f"keywords: model(input_ids=ids, attention_mask=mask), as a text dataset's batches "
+            f"({{input_ids, attention_mask, labels}}) are.")
+    return ids, mask
+
+
+def _is_right_padded_mask(x: Tensor, mask: Tensor) -> bool:
+    """Whether `mask` `[B, T]`, the second half of the packed `x`, can be an attention mask of
+    right-padded examples: 0s and 1s, no 1 after a 0, and each row's first position a token
+    (every example has one), except in rows of zeros only (the placeholder row of a fully sharded
+    model's padding pass, dptrain.distributed.fsdp). Token ids passed alone rarely pass: their
+    second half is read as the mask, and a pad id 0 there (BERT's [PAD]) fails the last rule."""
+    placeholder = (x == 0).all(dim=1)
+    return bool(((mask == 0) | (mask == 1)).all() and (mask[:, 1:] <= mask[:, :-1]).all()
+                and ((mask[:, 0] == 1) | placeholder).all())
 
 
 class HFModel(nn.Module):
-    """A Hugging Face (or PEFT) model as `[B, 2T]` (ids then mask) -> logits.
+    """A Hugging Face (or PEFT) model as (input_ids, attention_mask) -> logits.
 
     `model` is the `transformers` model, or the `peft.PeftModel` around it with LoRA. Its
     `save_pretrained(folder)` writes what `from_pretrained` loads: the whole model after full
@@ -229,11 +132,15 @@ class HFModel(nn.Module):
         new = set(self.new_parameter_names)
         return [p for name, p in self.model.named_parameters() if name in new]
 
-    def forward(self, x: Tensor) -> Tensor:
-        """`[B, 2T]` int64 (`pack_inputs`; right padded) -> logits `[B, K]` or `[B, T', V]`,
-        `T'` the longest sequence of the batch (at least 1)."""
-        ids, mask = unpack_inputs(x)
-        length = max(int(mask.sum(dim=1).max()), 1) if x.shape[0] else ids.shape[1]
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """`input_ids` and `attention_mask` `[B, T]` int64, right padded (a text dataset's batch:
+        `model(input_ids=..., attention_mask=...)`) -> logits `[B, K]` or `[B, T', V]`, `T'` the
+        longest sequence of the batch (at least 1). Called with one tensor, it is the packed
+        `[B, 2T]` (ids then mask, `pack_inputs`) of dptrain 0.3, still accepted
+        (`unpack_inputs` refuses ids without a mask)."""
+        ids, mask = (unpack_inputs(input_ids) if attention_mask is None
+                     else (input_ids, attention_mask))
+        length = max(int(mask.sum(dim=1).max()), 1) if ids.shape[0] else ids.shape[1]
         return self.model(input_ids=ids[:, :length], attention_mask=mask[:, :length]).logits
 
     @property
@@ -286,10 +193,14 @@ class CausalLMLoss(TokenLoss):
     """`dptrain.TokenLoss` (mean over samples of each sample's mean next-token cross-entropy over
     its own tokens) for logits `[B, T', V]` of a batch HFModel cut to `T' <= T`: the labels
     `[B, T]` (-100 at padding and prompt positions) are cut alike; their cut-off tail is all
-    padding, so nothing counted is dropped."""
+    padding, so nothing counted is dropped. `per_sample`: each sample's loss `[B]`, what the
+    loss step of a `{input_ids, attention_mask, labels}` batch averages."""
 
     def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
         return super().forward(logits, labels[:, : logits.shape[1]])
+
+    def per_sample(self, logits: Tensor, labels: Tensor) -> Tensor:
+        return super().per_sample(logits, labels[:, : logits.shape[1]])
 
     def token_sums(self, logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         return super().token_sums(logits, labels[:, : logits.shape[1]])
@@ -449,7 +360,7 @@ def quantization_config(quantize: str, dtype: str, keep: Sequence[str] = ()) -> 
     computes in `dtype` (QLoRA's compute dtype).
     """
     _import_bitsandbytes(quantize)
-    transformers = _import_hf()
+    transformers = import_transformers()
     logging.getLogger("bitsandbytes.autograd._functions").addFilter(_no_float16_notice)
     skip = [*UNQUANTIZED_MODULES, *keep]
     if quantize == "int8":
@@ -593,7 +504,7 @@ def build_hf_model(
             quantizes as it places the weights); None: the CPU. An unquantized model is
             always loaded on the CPU and moved by the caller.
     """
-    transformers = _import_hf()
+    transformers = import_transformers()
     if task not in TASKS:
         raise ConfigError(f"model.task={task!r} is not a task: use one of {', '.join(TASKS)}.")
     if dtype not in DTYPES:

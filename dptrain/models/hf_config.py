@@ -13,8 +13,7 @@ from typing import Any, List
 
 from dptrain.checks import POSITIVE_INT, POSITIVE_NUMBER, Rule, check_fields, is_real, setting
 from dptrain.errors import ConfigError
-
-TASKS = ("sequence_classification", "causal_lm")
+from dptrain.pretrained import TASKS  # noqa: F401  (model.task's values)
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 PEFT_TASK_TYPES = {"sequence_classification": "SEQ_CLS", "causal_lm": "CAUSAL_LM"}
 # model.quantize: the frozen base's Linear weights in 8 bits (bitsandbytes' LLM.int8 format,

@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 import torch
 
+from dptrain.batches import rows, to_device
+from dptrain.losses import StepLosses, step_losses
 from dptrain.train.job import Evaluation, Position, TrainingJob
 from dptrain.train.settings import TrainSettings
 
@@ -51,16 +53,23 @@ class Tally:
     #: examples left out of the clipped sums for a gradient that is not finite (private)
     nonfinite: torch.Tensor | int = 0
 
-    def add(self, loss: torch.Tensor, output: torch.Tensor, target: torch.Tensor) -> None:
-        n = int(target.shape[0])
-        if n == 0:
+    def add(self, losses: StepLosses, samples: int) -> None:
+        """A batch of `samples` examples: its losses (`[B]` per example, or a 0-dim batch mean
+        of a loss function of the earlier contract, `dptrain.losses.per_example_losses`) and,
+        when the step gave them, its output and targets (the accuracy; without them the tally
+        has none)."""
+        if samples == 0:
             return
-        self.loss_sum = self.loss_sum + loss.detach().double() * n
-        right = _correct(output.detach(), target)
+        # the batch's mean rounded to float32, as earlier versions reported it (`loss.float()`):
+        # runs whose weights differ by round-off only (DDP and one process) log equal losses
+        mean = losses.losses.detach().float().mean()
+        self.loss_sum = self.loss_sum + mean.double() * samples
+        right = None if losses.output is None or losses.target is None else \
+            _correct(losses.output.detach(), losses.target)
         self.has_accuracy &= right is not None
         if right is not None:
             self.correct = self.correct + right
-        self.samples += n
+        self.samples += samples
 
     @property
     def loss(self) -> float | None:
@@ -82,12 +91,6 @@ class Tally:
         return math.exp(float(self.token_nll) / tokens) if tokens else None
 
 
-def to_device(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(inputs, targets) of a loader batch, on `device`."""
-    x, y = batch[0], batch[-1]
-    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-
-
 def autocast(job: TrainingJob) -> contextlib.AbstractContextManager:
     """bf16 autocast when job.precision == "bf16", else a no-op."""
     if job.precision == "bf16":
@@ -98,9 +101,10 @@ def autocast(job: TrainingJob) -> contextlib.AbstractContextManager:
 def score(job: TrainingJob, loader: Iterable[Any] | None,
           on_batch: Callable[[], None] | None = None) -> Tally:
     """The tally of the model on `loader` (job.test_loader or job.validation_loader; an empty
-    tally without one): loss and accuracy, and the perplexity when `job.loss_fn` is over tokens
-    (it has `token_sums(output, target)`, as `dptrain.TokenLoss` does). `on_batch` is called
-    after each batch (progress).
+    tally without one): loss and accuracy of the job's loss step (`job.step_loss`, over `(x, y)`
+    or mapping batches), and the perplexity when that step is over tokens (it has
+    `token_sums(output, target)`: the default step over a `dptrain.TokenLoss`). `on_batch` is
+    called after each batch (progress).
 
     Runs under no_grad with the model in eval mode and leaves every global RNG untouched, so
     evaluating never changes the training trajectory (resume stays exact).
@@ -108,18 +112,18 @@ def score(job: TrainingJob, loader: Iterable[Any] | None,
     tally = Tally()
     if loader is None:
         return tally
-    token_sums = getattr(job.loss_fn, "token_sums", None)
+    loss_step = job.step_loss
+    token_sums = getattr(loss_step, "token_sums", None)
     was_training = job.model.training
     job.model.eval()
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         for batch in loader:
-            x, y = to_device(batch, job.device)
+            batch = to_device(batch, job.device)
             with autocast(job):
-                out = job.model(x)
-                loss = job.loss_fn(out, y)
-            tally.add(loss.float(), out.float(), y)
-            if callable(token_sums):
-                tally.add_tokens(*token_sums(out, y))
+                losses = step_losses(loss_step, job.model, batch)
+            tally.add(losses, rows(batch) or 0)
+            if callable(token_sums) and losses.output is not None:
+                tally.add_tokens(*token_sums(losses.output, losses.target))
             if on_batch is not None:
                 on_batch()
     job.model.train(was_training)

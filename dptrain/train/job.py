@@ -18,6 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from dptrain.errors import ConfigError
+from dptrain.losses import LossStep, ModelLoss
 from dptrain.privacy.plan import PerformanceSettings, PrivacyPlan
 from dptrain.train.settings import TrainConfig, TrainSettings  # noqa: F401  (part of the job)
 
@@ -66,12 +67,19 @@ class TrainingJob:
 
     For a private run, `model`, `optimizer` and `train_loader` are the outputs of
     `PrivacyEngine.make_private` and `engine` is that engine; otherwise `engine` is None.
+
+    A batch (`dptrain.batches`) is an `(x, y)` pair or a mapping of tensors with `labels`
+    (Hugging Face inputs: `input_ids`, `attention_mask`, `labels`). `loss_step(model, batch)`
+    returns each example's loss `[B]` (`dptrain.losses`); the training loop, its physical chunks
+    and evaluation all go through it (`step_loss`). None: `ModelLoss(loss_fn)`, the model on
+    the batch's inputs and `loss_fn` per example (cross-entropy with reduction none by default).
     """
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
     train_loader: torch.utils.data.DataLoader
     test_loader: torch.utils.data.DataLoader | None
+    # loss_fn(output, target): the default loss step's (ModelLoss), unless loss_step is set
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     device: torch.device
     engine: Any | None                       # dptrain.PrivacyEngine or None
@@ -94,6 +102,13 @@ class TrainingJob:
     # holds out (DatasetSplits.split_key): saved in checkpoints only (private resume state),
     # where a resume reads it back to train on the same rows; never in the ledger or the repr.
     split_key: bytes | None = field(default=None, repr=False)
+    # loss_step(model, batch) -> Tensor[B] or StepLosses; None: ModelLoss(loss_fn)
+    loss_step: LossStep | None = None
+
+    @property
+    def step_loss(self) -> LossStep:
+        """The loss step the loop and evaluation run: `loss_step`, else `ModelLoss(loss_fn)`."""
+        return self.loss_step if self.loss_step is not None else ModelLoss(self.loss_fn)
 
 
 # The file the `dptrain` command writes a job's RunResult to, in its run folder
@@ -221,7 +236,8 @@ def private_job(engine: Any, model: nn.Module, optimizer: torch.optim.Optimizer,
                 target_epsilon: float | None = None, target_delta: float | None = None,
                 dataset_name: str = "data", config: dict[str, Any] | None = None,
                 device: torch.device | str | None = None, precision: str = "fp32",
-                split_key: bytes | None = None) -> TrainingJob:
+                split_key: bytes | None = None,
+                loss_step: LossStep | None = None) -> TrainingJob:
     """A TrainingJob of what `engine.make_private(...)` returned, for `dptrain.train.train`.
 
     `target_epsilon` (optional) is the budget the run may not exceed; `target_delta` the delta
@@ -230,7 +246,9 @@ def private_job(engine: Any, model: nn.Module, optimizer: torch.optim.Optimizer,
     privacy settings and the dataset). `device` defaults to the model's. `split_key`: the
     `DatasetSplits.split_key` of data from `dptrain.data.datasets.load_dataset`, saved in the
     checkpoints so that a resume can load the same rows (`load_dataset(...,
-    split_key=dptrain.train.checkpoint.saved_split_key(path))`).
+    split_key=dptrain.train.checkpoint.saved_split_key(path))`). `loss_step(model, batch) ->
+    Tensor[B]`: each example's loss on a batch (None: the model on the batch's inputs and
+    `loss_fn` per example; see TrainingJob).
     """
     privacy = PrivacySettings.of_engine(engine, target_epsilon=target_epsilon,
                                         target_delta=target_delta)
@@ -244,4 +262,5 @@ def private_job(engine: Any, model: nn.Module, optimizer: torch.optim.Optimizer,
                        test_loader=test_loader, loss_fn=loss_fn, device=torch.device(device),
                        engine=engine, privacy=privacy, dataset_name=dataset_name,
                        dataset_size=size, config=config, precision=precision,
-                       validation_loader=validation_loader, split_key=split_key)
+                       validation_loader=validation_loader, split_key=split_key,
+                       loss_step=loss_step)

@@ -35,15 +35,17 @@ from typing import Any
 import torch
 
 from dptrain.accounting.history import history_steps
-from dptrain.data.virtual import pads_passes
+from dptrain.batches import call_model, inputs_and_targets, rows, to_device
+from dptrain.data.virtual import pads_passes, split_batch
 from dptrain.errors import ConfigError, WriteError
 from dptrain.grad_sample.workspace import retain_freed_memory
 from dptrain.io import ensure_writable_dir
+from dptrain.losses import step_losses
 from dptrain.train import checkpoint as ckpt
 from dptrain.train.budget import COMMIT_BLOCK_STEPS, BudgetGuard, PrivacySpend
 from dptrain.train.checkpoint import BEST, LAST, Checkpointer
 from dptrain.train.display import Display, shown_path, visible_notes
-from dptrain.train.evaluation import Evaluator, Tally, autocast, to_device
+from dptrain.train.evaluation import Evaluator, Tally, autocast
 from dptrain.train.job import (
     Evaluation,
     Position,
@@ -235,46 +237,51 @@ class Trainer:
 
     def _step(self, batch: Any, tally: Tally) -> None:
         """One logical step: the private step (dptrain.privacy.step: chunks, clipped sum, noise,
-        one optimizer step), or plain gradient accumulation over chunks without privacy."""
+        one optimizer step), or plain gradient accumulation over chunks without privacy. A
+        batch is an `(x, y)` pair or a mapping of tensors (dptrain.batches); its chunks are cut
+        along dim 0 alike."""
         job = self.job
         chunk = self.settings.max_physical_batch_size
         if self.spend.private:
             def forward_backward(part: Any) -> int:
-                x, y = to_device(part, job.device)
-                self._forward_backward(x, y, tally, weight=1.0)
-                return int(x.shape[0])
+                part = to_device(part, job.device)
+                self._forward_backward(part, tally, weight=1.0)
+                return rows(part) or 0
 
             private_step(job.optimizer, batch, chunk, forward_backward)
             tally.nonfinite = tally.nonfinite + job.optimizer.excluded_examples
             return
         job.optimizer.zero_grad(set_to_none=True)
-        x, y = to_device(batch, job.device)
-        if not chunk or x.shape[0] <= chunk:
-            self._forward_backward(x, y, tally, weight=1.0)
-        else:  # non-private gradient accumulation over chunks of the logical batch
-            for xs, ys in zip(x.split(chunk), y.split(chunk)):
-                self._forward_backward(xs, ys, tally, weight=xs.shape[0] / x.shape[0])
+        batch = to_device(batch, job.device)
+        total = rows(batch) or 0
+        # non-private gradient accumulation over chunks of the logical batch
+        for part in (split_batch(batch, chunk) if chunk else [batch]):
+            size = rows(part) or 0
+            self._forward_backward(part, tally, weight=size / total if total else 1.0)
         job.optimizer.step()
         self.spend.nonprivate_steps += 1
 
-    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor, tally: Tally,
-                          weight: float) -> None:
-        if x.shape[0] == 0:  # empty Poisson batch: the optimizer step adds noise only
+    def _forward_backward(self, batch: Any, tally: Tally, weight: float) -> None:
+        """Forward and backward of one chunk: the mean of the job's per-example losses
+        (`job.step_loss`), times `weight` (a chunk's share of a non-private logical batch)."""
+        size = rows(batch) or 0
+        if size == 0:  # empty Poisson batch: the optimizer step adds noise only
             if pads_passes(self.job.optimizer):
-                self._empty_pass(x)  # a sharded model: the other ranks' passes need this one's
+                self._empty_pass(batch)  # a sharded model: the other ranks' passes need this one's
             return
         with autocast(self.job):
-            out = self.job.model(x)
-            loss = self.job.loss_fn(out, y)
+            losses = step_losses(self.job.step_loss, self.job.model, batch)
+            loss = losses.losses.mean()
         (loss * weight if weight != 1.0 else loss).backward()
-        tally.add(loss.float(), out.float(), y)
+        tally.add(losses, size)
 
-    def _empty_pass(self, x: torch.Tensor) -> None:
+    def _empty_pass(self, batch: Any) -> None:
         """Forward and backward of an empty batch (0 rows, zero gradients): a fully sharded
         model gathers its parameters in every pass, collectives every rank must join (the
         private module runs it on a placeholder row it discards, dptrain.distributed.fsdp)."""
+        inputs, _ = inputs_and_targets(batch)
         with autocast(self.job):
-            out = self.job.model(x)
+            out = call_model(self.job.model, inputs)
         (out.sum() * 0.0).backward()
 
     def _epoch_iterator(self) -> Iterator[Any]:

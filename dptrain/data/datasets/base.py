@@ -82,8 +82,9 @@ class ArrayDataset(Dataset):
         return list(zip(inputs.unbind(0), self.labels[idx].unbind(0)))
 
     def subset(self, indices: torch.Tensor) -> "ArrayDataset":
-        """The examples at `indices` (int64 [n]) as a new dataset sharing the transform."""
-        part = ArrayDataset(self.features[indices], self.labels[indices], self.transform)
+        """The examples at `indices` (int64 [n]) as a new dataset of the same class (a text
+        dataset's items stay mappings) sharing the transform."""
+        part = type(self)(self.features[indices], self.labels[indices], self.transform)
         if self.user_ids is not None:
             part.user_ids = self.user_ids[indices]
         return part

@@ -1,10 +1,14 @@
 """Text datasets for pretrained language models: local files, GLUE SST-2 and E2E.
 
 Every loader tokenises with the model's tokenizer (`tokenizer`: a folder or hub id, normally
-`model.name_or_path`; `dptrain.models.hf.load_tokenizer`) to `max_len` tokens, right padded, and
-returns `DatasetSplits` whose features are `[N, 2 max_len]` int32 (token ids then attention mask:
-`dptrain.models.hf.pack_inputs`; int64 once batched) with N the number of rows (examples),
-never of tokens:
+`model.name_or_path`; `dptrain.pretrained.load_tokenizer`) to `max_len` tokens, right padded, and
+returns `DatasetSplits` of `TextDataset`s. Each item (and, collated, each batch) is a mapping
+`{"input_ids": [T], "attention_mask": [T], "labels": ...}` (int64; `[B, T]` once batched), the
+keywords a Hugging Face model takes (`dptrain.batches`). They are stored as `features`
+`[N, 2 max_len]` int32 (token ids then attention mask: `pack_rows`) with N the number of rows
+(examples), never of tokens: the layout the data fingerprint (dptrain.data.fingerprint), the
+validation split and the `max_samples` cap hash, kept so that a run's fingerprint, hence its
+resume, is unchanged:
 
 * classification (`info["task"] == "sequence_classification"`): labels `[N]` in
   `[0, num_labels)`; the tokenizer's own special tokens ([CLS] ... [SEP]) are added;
@@ -39,10 +43,11 @@ from dptrain.data.datasets.selection import (TEST_CAP, TRAIN_CAP, cap_steps, kee
                                              row_draws, split_key_or_new, text_records)
 from dptrain.errors import ConfigError
 from dptrain.losses import IGNORE_INDEX
-from dptrain.models.hf import pack_inputs
-from dptrain.models.hf_config import TASKS
+from dptrain.batches import LABELS
+from dptrain.pretrained import TASKS, load_tokenizer
 
 CLASSIFICATION, CAUSAL_LM = TASKS
+INPUT_IDS, ATTENTION_MASK = "input_ids", "attention_mask"
 READERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 MAX_LISTED = 10  # column names quoted in an error
 SYNTHETIC_WORDS = ("the film a movie story great bad good plot actor acting scene slow funny "
@@ -57,6 +62,43 @@ class AsInt64:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(torch.int64)
+
+
+def pack_rows(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Token ids and attention mask `[B, T]` each -> the stored (and packed) layout `[B, 2T]`."""
+    return torch.cat([ids, mask], dim=1)
+
+
+def unpack_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stored layout `[B, 2T]` -> (ids, mask), `[B, T]` each."""
+    length = x.shape[1] // 2
+    return x[:, :length], x[:, length:]
+
+
+class TextDataset(ArrayDataset):
+    """Tokenised texts: `features` int32 `[N, 2T]` (ids then mask, `pack_rows`), `labels`
+    int64 `[N]` (classes) or `[N, T]` (a causal LM's token labels, -100 where no loss counts).
+
+    `dataset[i]` is `{"input_ids": [T], "attention_mask": [T], "labels": [] or [T]}`, int64 (the
+    transform, `AsInt64`, applied to the stored rows); `__getitems__` builds a whole batch's in
+    one vectorized call. The fingerprint, the validation split and the cap read `features` and
+    `labels` as stored, as for every ArrayDataset."""
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        return self._items(torch.as_tensor([index], dtype=torch.int64))[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, torch.Tensor]]:  # type: ignore[override]
+        return self._items(torch.as_tensor(list(indices), dtype=torch.int64))
+
+    def _items(self, idx: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        ids, mask = unpack_rows(self._inputs(self.features[idx]))
+        return [{INPUT_IDS: i, ATTENTION_MASK: m, LABELS: y}
+                for i, m, y in zip(ids.unbind(0), mask.unbind(0), self.labels[idx].unbind(0))]
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """`(T,)`: the shape of one example's token ids (and of its mask)."""
+        return (self.features.shape[1] // 2,)
 
 
 # ----------------------------------------------------------------------------- files and tables
@@ -174,7 +216,7 @@ def encode_classification(tokenizer: Any, texts: Sequence[str], max_len: int) ->
         return torch.zeros(0, 2 * max_len, dtype=torch.int32)
     encoded = tokenizer([str(t) for t in texts], max_length=max_len, truncation=True,
                         padding="max_length", return_tensors="pt")
-    return pack_inputs(encoded["input_ids"], encoded["attention_mask"]).to(torch.int32)
+    return pack_rows(encoded["input_ids"], encoded["attention_mask"]).to(torch.int32)
 
 
 def encode_causal_lm(tokenizer: Any, rows: Sequence[Row], max_len: int
@@ -194,7 +236,7 @@ def encode_causal_lm(tokenizer: Any, rows: Sequence[Row], max_len: int
     mask = torch.zeros(len(rows), max_len, dtype=torch.int32)
     labels = torch.full((len(rows), max_len), IGNORE_INDEX, dtype=torch.int64)
     if not rows:
-        return pack_inputs(ids, mask), labels
+        return pack_rows(ids, mask), labels
     texts = tokenizer([(" " + t if p is not None else t) for p, t in rows],
                       add_special_tokens=False)["input_ids"]
     prompts = tokenizer([p or "" for p, _ in rows], add_special_tokens=False)["input_ids"]
@@ -205,7 +247,7 @@ def encode_causal_lm(tokenizer: Any, rows: Sequence[Row], max_len: int
         mask[i, : len(row)] = 1
         start = min(len(head), len(row))
         labels[i, start : len(row)] = torch.tensor(row[start:], dtype=torch.int64)
-    return pack_inputs(ids, mask), labels
+    return pack_rows(ids, mask), labels
 
 
 # ----------------------------------------------------------------------------- splits
@@ -220,7 +262,7 @@ def _splits(name: str, tokenizer: Any, task: str, max_len: int, num_labels: int 
             targets = class_labels(labels or [], num_labels or 2, f"the {split} split of {name}")
         else:
             features, targets = encode_causal_lm(tokenizer, rows, max_len)
-        datasets[split] = ArrayDataset(features, targets, AsInt64())
+        datasets[split] = TextDataset(features, targets, AsInt64())
     classes = num_labels if task == CLASSIFICATION else len(tokenizer)
     return DatasetSplits(name, datasets["train"], datasets["test"], int(classes),
                          {"task": task, "max_len": max_len, **info})
@@ -270,8 +312,6 @@ TOKENIZER_KEY = "dataset.tokenizer"
 
 
 def _tokenizer(tokenizer: str | None, pad_token: str | None, download: bool) -> Any:
-    from dptrain.models.hf import load_tokenizer
-
     if tokenizer is None:
         raise ConfigError(
             "dataset.tokenizer is null: a text dataset is tokenised with the model's tokenizer. "

@@ -15,7 +15,7 @@ import torch
 
 from dptrain.data.datasets import load_dataset
 from dptrain.errors import ConfigError
-from dptrain.models.hf import unpack_inputs
+from dptrain.data.datasets.text import unpack_rows
 from tests.hf_tiny import e2e_rows, review_rows, save_tiny, write_csv
 
 GPT2 = {"pad_token": "<|endoftext|>"}
@@ -35,9 +35,11 @@ def test_each_csv_row_is_one_example_of_ids_mask_and_label(tokenizers: dict[str,
                                                           tmp_path: Path) -> None:
     splits = load_dataset("text", tokenizer=tokenizers["bert"], train_file=str(_reviews(tmp_path, 7)),
                           text_column="review", max_len=10)
-    x, y = splits.train[1]
-    ids, mask = unpack_inputs(x[None])
-    assert len(splits.train) == 7 and x.shape == (2 * 10,) and x.dtype == torch.int64
+    item = splits.train[1]
+    ids, mask, y = item["input_ids"], item["attention_mask"], item["labels"]
+    assert sorted(item) == ["attention_mask", "input_ids", "labels"]
+    assert len(splits.train) == 7 and ids.shape == mask.shape == (10,)
+    assert ids.dtype == mask.dtype == torch.int64
     assert int(mask.sum()) == 5 and int(y) == 1  # [CLS] i liked it [SEP]
     assert splits.num_classes == 2 and splits.info["task"] == "sequence_classification"
 
@@ -84,8 +86,8 @@ def test_causal_lm_labels_cover_the_text_and_its_end_token_only(tokenizers: dict
     path = write_csv(tmp_path / "e2e.csv", e2e_rows(3))
     splits = load_dataset("text", tokenizer=tokenizers["gpt2"], train_file=str(path), label_column=None,
                           text_column="ref", prompt_column="mr", max_len=30, **GPT2)
-    x, labels = splits.train[0]
-    ids, mask = (t[0] for t in unpack_inputs(x[None]))
+    item = splits.train[0]
+    ids, mask, labels = item["input_ids"], item["attention_mask"], item["labels"]
     prompt, text = len(e2e_rows(1)[0]["mr"].split()), len(e2e_rows(1)[0]["ref"].split())
     counted = labels != -100
     assert int(mask.sum()) == prompt + 1 + text + 1            # prompt [sep] text [eos]
@@ -102,8 +104,8 @@ def test_causal_lm_labels_keep_the_real_end_token_when_padding_with_it(
     path = write_csv(tmp_path / "e2e.csv", e2e_rows(2))
     splits = load_dataset("text", tokenizer=tokenizers[kind], train_file=str(path),
                           label_column=None, text_column="ref", max_len=30, pad_token=end)
-    x, labels = splits.train[0]
-    ids, mask = (t[0] for t in unpack_inputs(x[None]))
+    item = splits.train[0]
+    ids, mask, labels = item["input_ids"], item["attention_mask"], item["labels"]
     last = int(mask.sum()) - 1                              # the text's end token
     end_id = int(ids[last])
     assert (ids[last + 1:] == end_id).all() and bool((mask[last + 1:] == 0).all())
@@ -185,8 +187,8 @@ def test_e2e_download_uses_the_meaning_representation_as_prompt(
     _fake_hub(monkeypatch, {"train": pairs, "validation": pairs, "test": pairs})
     splits = load_dataset("e2e_nlg", tokenizer=tokenizers["gpt2"], root=str(tmp_path / "e2e"),
                           download=True, **GPT2)
-    x, labels = splits.train[0]
-    mask = unpack_inputs(x[None])[1]
+    item = splits.train[0]
+    mask, labels = item["attention_mask"], item["labels"]
     assert int((labels != -100).sum()) == 4 + 1 and int(mask.sum()) == 3 + 1 + 4 + 1
 
 
@@ -267,7 +269,7 @@ def test_words_pandas_reads_as_missing_stay_text(tokenizers: dict[str, str], tmp
     path = write_csv(tmp_path / "words.csv", [{"text": w, "label": 1} for w in ("NA", "null", "None", "nan")])
     splits = load_dataset("text", tokenizer=tokenizers["bert"], train_file=str(path), max_len=6)
     tok = __import__("transformers").AutoTokenizer.from_pretrained(tokenizers["bert"])
-    ids, _ = unpack_inputs(splits.train.features)
+    ids, _ = unpack_rows(splits.train.features)
     assert [tok.decode(row, skip_special_tokens=True) for row in ids] == \
         [tok.decode(tok(w)["input_ids"], skip_special_tokens=True) for w in ("NA", "null", "None", "nan")]
 
