@@ -73,9 +73,10 @@ ADDED_KEYS: dict[str, Any] = {"privacy.sampling": None, "privacy.sampling_groups
                                   ("privacy.max_examples_per_user", None),
                                   ("privacy.noise", "independent"), ("privacy.noise_bands", None),
                                   ("privacy.noise_buffers", None))},
-                              # a sigma run had no target epsilon (no cap), an epsilon run no sigma
+                              # a sigma run had no target epsilon (no cap), an epsilon run no
+                              # sigma; a delta not given is the 1/(10 N) rule
                               "privacy.budget.target_epsilon": None,
-                              "privacy.budget.sigma": None}
+                              "privacy.budget.sigma": None, "privacy.budget.delta": None}
 
 
 def _kept_items(items: dict[str, Any], exempt_keys: tuple[str, ...]) -> dict[str, Any]:
