@@ -241,15 +241,19 @@ class SweepPoint:
     series: str = ""          # the other swept values, e.g. "learning rate = 0.1" ("": none)
 
 
-# How a plot names a swept key (any other: its last part, "_" read as a space).
+# How a plot names a swept key (any other: its last part, "_" read as a space); the budget by
+# its nested key and its older flat name alike.
 KEY_NAMES = {
+    "privacy.budget.sigma": "sigma",
     "privacy.noise_multiplier": "sigma",
+    "privacy.budget.target_epsilon": "target epsilon",
     "privacy.target_epsilon": "target epsilon",
     "privacy.max_grad_norm": "C",
     "optimizer.lr": "learning rate",
 }
 # The swept keys that set epsilon: when one of them varies, the lines run along it.
-EPSILON_KEYS = ("privacy.noise_multiplier", "privacy.target_epsilon")
+EPSILON_KEYS = ("privacy.budget.sigma", "privacy.noise_multiplier",
+                "privacy.budget.target_epsilon", "privacy.target_epsilon")
 
 
 def common_overrides(rows: Sequence[Mapping[str, Any]]) -> list[str]:

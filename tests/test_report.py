@@ -125,6 +125,13 @@ def test_sweep_points_are_labelled_by_readable_names_of_the_overrides_that_vary(
                                      SweepPoint("1", "sigma = 2", 0.8, 0.66)]
 
 
+def test_a_sweep_over_the_nested_budget_keys_is_labelled_and_run_along_like_the_flat_ones():
+    summary = {"jobs": [_row("0", ["optimizer.lr=0.1", "privacy.budget.sigma=1"], 2.7, 0.75),
+                        _row("1", ["optimizer.lr=0.2", "privacy.budget.sigma=2"], 0.8, 0.66)]}
+    assert [(p.label, p.series) for p in sweep_points(summary)] == [
+        ("sigma = 1", "learning rate = 0.1"), ("sigma = 2", "learning rate = 0.2")]
+
+
 def test_sweep_points_keep_full_keys_when_short_names_would_collide():
     summary = {"jobs": [_row("0", ["model.width=1", "optimizer.width=2"], 1.0, 0.5),
                         _row("1", ["model.width=2", "optimizer.width=1"], 2.0, 0.6)]}

@@ -23,10 +23,12 @@ from torch.utils.data import DataLoader, default_collate
 
 import dptrain.cli.resolvers  # noqa: F401  (the configs' ${dptrain.*:...} resolvers)
 from dptrain.cli.download import in_turns
-from dptrain.cli.privacy_request import (  # noqa: F401  (privacy_mode: part of this module's API)
-    PrivacyRequest,
+from dptrain.cli.privacy_config import (  # noqa: F401  (privacy_mode: part of this module's API)
+    PrivacyGroup,
+    canonical_section,
     privacy_mode,
     reject_unknown_keys,
+    without_unset_aliases,
 )
 from dptrain.accounting.calibration import steps_for
 from dptrain.accounting.history import history_to_json
@@ -66,11 +68,22 @@ FOLLOWED_KEY = "model.name_or_path"  # what a text dataset's tokenizer follows b
 
 
 # ----------------------------------------------------------------------------- config helpers
-def resolve_config(cfg: DictConfig) -> dict[str, Any]:
-    """The config as plain Python values, every interpolation resolved (for the ledger's hash).
+def resolve_config(cfg: DictConfig, nested_privacy: bool = True) -> dict[str, Any]:
+    """The config as plain Python values, every interpolation resolved (for the ledger's hash),
+    the privacy group in its nested form (`nested_privacy=False`: as composed, its older flat
+    names still there; dptrain.cli.privacy_config).
 
     Raises ConfigError naming the key of a missing mandatory value (`???`) or a bad interpolation.
     """
+    resolved = _resolved(without_unset_aliases(cfg))
+    if nested_privacy and isinstance(resolved.get("privacy"), dict):
+        resolved["privacy"] = canonical_section(resolved["privacy"])
+    return resolved
+
+
+def _resolved(cfg: DictConfig) -> dict[str, Any]:
+    """OmegaConf's plain values of `cfg`; ConfigError naming a missing value or a bad
+    interpolation."""
     try:
         return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # type: ignore[return-value]
     except MissingMandatoryValue as error:
@@ -376,47 +389,52 @@ def smoke_test_split(splits: DatasetSplits, settings: TrainSettings) -> torch.ut
 
 
 # ----------------------------------------------------------------------------- privacy
-def _target_delta(configured: Any, num_examples: int, unit: str = "training examples") -> float:
-    """`privacy.target_delta`, or the 1/(10 N) rule when it is null (said in the run's log); N
-    counts `unit` (examples, or users with privacy.unit=user)."""
+def _target_delta(configured: Any, num_examples: int, unit: str = "training examples",
+                  key: str = "privacy.budget.delta") -> float:
+    """`privacy.budget.delta` (`key`: as the user spelled it), or the 1/(10 N) rule when it is
+    null (said in the run's log); N counts `unit` (examples, or users with privacy.unit=user)."""
     if configured is not None:
         delta = float(configured)
         if num_examples and delta >= 1.0 / num_examples:
             raise ConfigError(
-                f"privacy.target_delta={configured} is not below 1/N = {1.0 / num_examples:.3g} "
+                f"{key}={configured} is not below 1/N = {1.0 / num_examples:.3g} "
                 f"(N = {num_examples} {unit}): a mechanism that publishes one random "
                 f"training example (or user) satisfies that delta, so the epsilon reported would protect no "
-                f"one. Set privacy.target_delta well below 1/N, e.g. "
+                f"one. Set {key} well below 1/N, e.g. "
                 f"{default_delta(num_examples):g}, or null for 1/(10 N) rounded down.")
         return delta
     delta = default_delta(num_examples)
     log.info(
-        "privacy.target_delta is null: using delta = %g, 1/(10 N) rounded down to a power of "
-        "ten for N = %d %s (set privacy.target_delta to choose it).",
+        "%s is null: using delta = %g, 1/(10 N) rounded down to a power of "
+        "ten for N = %d %s (set %s to choose it).",
+        key,
         delta,
         num_examples,
         unit,
+        key,
     )
     return delta
 
 
 def _unreachable_in_keys(error: UnreachableEpsilonError, settings: TrainSettings,
-                         num_examples: int) -> PrivacyError:
-    """The calibration's refusal said again in the config keys that set its numbers."""
+                         num_examples: int, key: str = "privacy.budget.target_epsilon"
+                         ) -> PrivacyError:
+    """The calibration's refusal said again in the config keys that set its numbers (`key`: the
+    target epsilon's, as the user spelled it)."""
     return PrivacyError(
-        f"privacy.target_epsilon={error.target_epsilon:g} cannot be reached: "
+        f"{key}={error.target_epsilon:g} cannot be reached: "
         f"train.epochs={settings.epochs} at train.batch_size={settings.batch_size} of "
         f"N = {num_examples} training examples is {error.steps} steps at sample rate "
         f"{error.sample_rate:.3g}, and even sigma = 10000 spends epsilon {error.best:.4g} at "
-        f"delta {error.delta:g}. Raise privacy.target_epsilon to at least {error.best:.3g}, or "
+        f"delta {error.delta:g}. Raise {key} to at least {error.best:.3g}, or "
         f"lower train.epochs or train.batch_size.")
 
 
-def user_level_arguments(request: PrivacyRequest, dataset: Any) -> dict[str, Any]:
+def user_level_arguments(request: PrivacyGroup, dataset: Any) -> dict[str, Any]:
     """make_private's user ids for privacy.unit=user (the training split's, from
     dataset.user_column); {} for example-level privacy. ConfigError when the dataset has no
     user ids."""
-    if request.unit != "user":
+    if request.unit.kind != "user":
         return {}
     user_ids = getattr(dataset, "user_ids", None)
     if user_ids is None:
@@ -426,7 +444,7 @@ def user_level_arguments(request: PrivacyRequest, dataset: Any) -> dict[str, Any
     return {"user_ids": user_ids}
 
 
-def privacy_units(request: PrivacyRequest, dataset: Any) -> tuple[int, str]:
+def privacy_units(request: PrivacyGroup, dataset: Any) -> tuple[int, str]:
     """(N, what N counts): the privacy units of the training split, its users at user level
     (what a batch and the sample rate count there), else its examples."""
     unit = user_level_arguments(request, dataset)
@@ -449,7 +467,7 @@ def sgd_momentum(optimizer: torch.optim.Optimizer) -> float:
     return float(optimizer.param_groups[0].get("momentum", 0.0) or 0.0)
 
 
-def job_plan(request: PrivacyRequest, loader: DataLoader, settings: TrainSettings,
+def job_plan(request: PrivacyGroup, loader: DataLoader, settings: TrainSettings,
              num_examples: int, momentum: float = 0.0) -> tuple[PrivacyPlan, dict[str, Any]]:
     """(plan, user-level arguments of make_private) of a private `request` for the training
     `loader` of `num_examples` examples: q = batch_size / N (N: examples, or users with
@@ -458,14 +476,15 @@ def job_plan(request: PrivacyRequest, loader: DataLoader, settings: TrainSetting
     for it)."""
     unit = user_level_arguments(request, loader.dataset)
     num_units, units = privacy_units(request, loader.dataset)
-    delta = _target_delta(request.target_delta, num_units, units)
+    delta = _target_delta(request.target_delta, num_units, units, request.key("budget.delta"))
     rate = user_sample_rate(loader, num_units) if unit else default_sample_rate(loader, num_examples)
     plan = request.plan(rate, delta, steps=planned_steps(rate, settings), momentum=momentum)
     if plan.noise.multiplier is None:
         try:
             plan = calibrated(plan, settings.epochs)
         except UnreachableEpsilonError as error:
-            raise _unreachable_in_keys(error, settings, num_units) from error
+            raise _unreachable_in_keys(error, settings, num_units,
+                                       request.key("budget.target_epsilon")) from error
     return plan, unit
 
 
@@ -481,11 +500,11 @@ def planned_cost(cfg: DictConfig) -> dict[str, Any]:
     a given sigma) can only stop the run earlier, so the history bounds what it spends. SGD's
     momentum is taken as 0: it shapes only a correlated noise strategy, whose steps a sweep
     does not compose anyway."""
-    resolved = resolve_config(cfg)
+    resolved = resolve_config(cfg, nested_privacy=False)
     for group in ("dataset", "privacy", "train"):
         _require(resolved, "config", group)
     train = resolved["train"]
-    request = PrivacyRequest.parse(resolved["privacy"], resolved.get("noise_schedule"))
+    request = PrivacyGroup.parse(resolved["privacy"], resolved.get("noise_schedule"))
     if not request.private:
         return {"history": None, "sampling": "none"}
     splits = build_dataset(resolved["dataset"], int(train.get("seed", 0)), tokenizer_key(cfg))
@@ -501,7 +520,7 @@ def planned_cost(cfg: DictConfig) -> dict[str, Any]:
 
 
 def make_private_job(
-    request: PrivacyRequest,
+    request: PrivacyGroup,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     loader: DataLoader,
@@ -540,9 +559,12 @@ def build_job(cfg: DictConfig, run_dir: Path, prepare_splits: Callable[[DatasetS
     `prepare_splits`, when given, changes the dataset splits before anything is built from them
     (an audit's black-box canaries: cli/audit.py).
     """
-    resolved = resolve_config(cfg)
+    resolved = resolve_config(cfg, nested_privacy=False)
     for group in ("model", "dataset", "privacy", "hardware", "optimizer", "train"):
         _require(resolved, "config", group)
+    # checked, and recorded in its nested form whichever names the command used
+    request = PrivacyGroup.parse(resolved["privacy"], resolved.get("noise_schedule"))
+    resolved["privacy"] = dict(request.section)
     run_dir = join_run(resolved, run_dir)  # same config on every rank; rank 0's run folder
     train, lr_schedule = resolved["train"], resolved.get("lr_schedule")
     # every value checked before the data loads; the keys the data will size stand in as 1 (the
@@ -551,7 +573,6 @@ def build_job(cfg: DictConfig, run_dir: Path, prepare_splits: Callable[[DatasetS
     build_settings({**train, **{k: v for k, v in stand_in.items()
                                 if k in train and train[k] is None}}, run_dir, lr_schedule)
     seed = int(train.get("seed", 0))
-    request = PrivacyRequest.parse(resolved["privacy"], resolved.get("noise_schedule"))
     check_model_selection(bool(train.get("keep_best")),
                           bool(resolved["dataset"].get("validation_size")))
     seed_everything(seed)  # before the model's initialisation (the loop seeds alike)

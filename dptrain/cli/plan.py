@@ -33,16 +33,10 @@ from dptrain.checks import (
     default_delta,
 )
 from dptrain.cli.args import OneLineParser, fail
+from dptrain.cli.privacy_config import PrivacyGroup
 from dptrain.errors import ConfigError, DPTrainError, PrivacyError
-from dptrain.privacy.noise import NOISE_KINDS, NoiseStrategy, strategy_for
-from dptrain.privacy.plan import (
-    COMMAND_SELECTIONS,
-    Clipping,
-    Noise,
-    PrivacyPlan,
-    Selection,
-    default_selection,
-)
+from dptrain.privacy.noise import NOISE_KINDS, NoiseStrategy
+from dptrain.privacy.plan import COMMAND_SELECTIONS, Clipping, Noise, PrivacyPlan, Selection
 from dptrain.privacy.selection import correlated, selection_class
 
 PROG = "dptrain-privacy"
@@ -73,17 +67,24 @@ class Horizon:
     buffers: int | None = None
 
     @cached_property
+    def group(self) -> PrivacyGroup:
+        """The flags as the command's privacy group (dptrain.cli.privacy_config): `dptrain` and
+        this planner read the selection and the noise through the same translation."""
+        return PrivacyGroup.parse({
+            "name": "sigma", "budget": {"sigma": 1.0},
+            "sampling": {"kind": self.sampling, "groups": self.groups},
+            "noise": {"kind": self.noise, "bands": self.bands, "buffers": self.buffers}})
+
+    @cached_property
     def selection(self) -> Selection:
-        """The batch selection (dptrain.privacy.plan.default_selection, as dptrain picks it)."""
-        return default_selection(self.noise, self.sample_rate, self.sampling, self.groups,
-                                 bands=self.bands)
+        """The batch selection, as `dptrain privacy.sampling=...` picks it."""
+        return self.group.selection(self.sample_rate)
 
     @cached_property
     def strategy(self) -> NoiseStrategy:
         """The noise strategy optimised for the T steps, as `dptrain privacy.noise=...` builds
-        it (dptrain.privacy.noise.strategy_for)."""
-        return strategy_for(self.noise, self.steps, bands=self.bands, buffers=self.buffers,
-                            steps_per_epoch=self.selection.min_separation)
+        it."""
+        return self.group.noise_strategy(self.selection, self.steps)
 
     def plan(self, accountant: str, sigma: float) -> PrivacyPlan:
         """The privacy plan of a run with this horizon, `accountant` and noise multiplier."""

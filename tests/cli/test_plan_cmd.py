@@ -169,14 +169,14 @@ def test_a_shuffled_plan_is_answered_with_the_composed_gaussian_under_every_acco
 @pytest.mark.parametrize("noise", [["--noise", "banded", "--noise-bands", "4"], ["--noise", "blt"]],
                          ids=["banded", "blt"])
 def test_sigma_for_correlated_noise_is_the_one_privacy_epsilon_calibrates(noise, capsys):
-    from dptrain.cli.privacy_request import PrivacyRequest
+    from dptrain.cli.privacy_config import PrivacyGroup
     from dptrain.privacy.plan import calibrated
 
     assert main(["sigma", "--target-epsilon", "3", "--batch-size", "64", "--dataset-size", "1442",
                  "--epochs", "2", "--accountant", "prv", "--json", *noise]) == 0
     answer = json.loads(capsys.readouterr().out)
     keys = {"noise": noise[1], **({"noise_bands": 4} if noise[1] == "banded" else {})}
-    request = PrivacyRequest.parse({"name": "epsilon", "target_epsilon": 3.0, **keys})
+    request = PrivacyGroup.parse({"name": "epsilon", "target_epsilon": 3.0, **keys})
     plan = calibrated(request.plan(64 / 1442, 1e-5, steps=46), epochs=2)
     assert answer["inputs"]["sampling"] == "cyclic_poisson"
     assert answer["inputs"]["sampling_groups"] == plan.selection.groups

@@ -181,6 +181,39 @@ def test_a_recorded_reproducible_noise_is_compared_as_reproducible_mechanism() -
         "privacy.reproducible_mechanism"]
 
 
+NESTED_SIGMA = {"name": "sigma", "budget": {"sigma": 1.0, "target_epsilon": None, "delta": None},
+                "sampling": {"kind": None, "groups": None},
+                "noise": {"kind": "independent", "bands": None, "buffers": None},
+                "unit": {"kind": "example", "max_examples_per_user": None}}
+
+
+def _nested(**parts: dict) -> dict:
+    return {"privacy": {**NESTED_SIGMA, **{part: {**NESTED_SIGMA[part], **keys}
+                                           for part, keys in parts.items()}}}
+
+
+@pytest.mark.parametrize("flat, nested", [
+    ({}, {}),
+    ({"target_delta": 1e-6}, {"budget": {"delta": 1e-6}}),
+    ({"noise": "banded", "noise_bands": 4}, {"noise": {"kind": "banded", "bands": 4}}),
+    ({"sampling": "cyclic_poisson", "sampling_groups": 3},
+     {"sampling": {"kind": "cyclic_poisson", "groups": 3}}),
+    ({"poisson_sampling": False}, {"sampling": {"kind": "shuffle"}}),
+    ({"poisson_sampling": True, "unit": "user", "max_examples_per_user": 2},
+     {"unit": {"kind": "user", "max_examples_per_user": 2}}),
+])
+def test_a_recorded_flat_privacy_group_is_the_same_run_as_its_nested_form(flat, nested) -> None:
+    assert config_differences(_privacy(**flat), _nested(**nested)) == []
+
+
+def test_a_nested_privacy_key_that_changed_is_told_apart_from_its_recorded_flat_name() -> None:
+    assert config_differences(_privacy(noise="banded", noise_bands=4),
+                              _nested(noise={"kind": "banded", "bands": 5})) == [
+        "privacy.noise.bands"]
+    assert config_differences(_privacy(poisson_sampling=False), _nested()) == [
+        "privacy.sampling.kind"]
+
+
 def test_a_resume_keeps_a_run_flagged_whose_earlier_sampling_was_seeded() -> None:
     mechanism = {"secure_mode": False, "randomness": "os_entropy"}
     carry_randomness({"secure_mode": False}, mechanism)  # a ledger from before `randomness`

@@ -87,19 +87,23 @@ def strategy_for(kind: str, num_steps: int, *, bands: int | None = None,
                          momentum=momentum)
 
 
-def check_noise_keys(kind: str, *, bands: int | None = None, buffers: int | None = None) -> str:
+def check_noise_keys(kind: str, *, bands: int | None = None, buffers: int | None = None,
+                     keys: tuple[str, str, str] = ("privacy.noise", "privacy.noise_bands",
+                                                   "privacy.noise_buffers")) -> str:
     """`kind` (privacy.noise) once its counts are checked: ConfigError for an unknown kind, a
-    count given for another kind (privacy.noise_bands is banded's, privacy.noise_buffers BLT's)
-    and banded noise without its bands. The one rule the command line and `strategy_for` use."""
-    noise_class(kind)
-    for key, value, owner in (("noise_bands", bands, "banded"), ("noise_buffers", buffers, "blt")):
+    count given for another kind (the bands are banded's, the buffers BLT's) and banded noise
+    without its bands, naming `keys` (the kind's, the bands', the buffers' as the user spelled
+    them). The one rule the command line and `strategy_for` use."""
+    kind_key, bands_key, buffers_key = keys
+    noise_class(kind, kind_key)
+    for key, value, owner in ((bands_key, bands, "banded"), (buffers_key, buffers, "blt")):
         if value is not None and kind != owner:
-            raise ConfigError(f"privacy.{key}={value} is only used with privacy.noise={owner} "
-                              f"(privacy.noise={kind}): drop it, or set privacy.noise={owner}.")
+            raise ConfigError(f"{key}={value} is only used with {kind_key}={owner} "
+                              f"({kind_key}={kind}): drop it, or set {kind_key}={owner}.")
     if kind == "banded" and bands is None:
-        raise ConfigError("privacy.noise=banded needs privacy.noise_bands=B, the number of bands "
-                          "(an example then takes part at most once every B steps), e.g. "
-                          "privacy.noise_bands=4.")
+        raise ConfigError(f"{kind_key}=banded needs {bands_key}=B, the number of bands (an "
+                          "example then takes part at most once every B steps), e.g. "
+                          f"{bands_key}=4.")
     return kind
 
 
