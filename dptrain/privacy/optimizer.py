@@ -487,3 +487,7 @@ class DPOptimizer(Optimizer):
         self.sample_rate = float(state["sample_rate"])
         self.expected_batch_size = float(state["expected_batch_size"])
         self._apply_schedules()
+        if self._batches_since_step is not None:
+            # a saved state sits between two steps: the batches a resume draws again and discards
+            # to replay the epoch (dptrain.train.loop) belong to steps already taken
+            self._batches_since_step = 0

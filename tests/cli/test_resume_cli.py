@@ -65,6 +65,15 @@ def test_a_reproducible_shuffled_run_resumed_mid_epoch_ends_where_an_uninterrupt
     _stopped_and_resumed_equals_straight(5, SHUFFLE, tmp_path, monkeypatch, capsys)
 
 
+def test_a_cyclic_poisson_run_resumed_mid_epoch_ends_where_an_uninterrupted_run_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The batches a resume draws again to replay the epoch's first steps are not counted as
+    batches handed out for the next step (the optimizer refused the resumed step: 'handed out
+    6 batches since the previous step'), and the groups stay on their steps."""
+    cyclic = ["privacy.sampling=cyclic_poisson", "privacy.sampling_groups=2"]
+    _stopped_and_resumed_equals_straight(5, cyclic, tmp_path, monkeypatch, capsys)
+
+
 def test_a_shuffled_run_from_os_entropy_is_not_resumed_mid_epoch(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Its shuffle is never saved: the rest of the epoch would come from a new one."""
