@@ -3,7 +3,7 @@
 The group mirrors the plan (dptrain.privacy.plan), one mapping per part:
 
     privacy.budget:   {sigma: 1.0} | {target_epsilon: 3.0}, and delta   -> Noise, the plan's delta
-    privacy.sampling: {kind: poisson | shuffle | cyclic_poisson | ..., groups}   -> Selection
+    privacy.sampling: {kind: poisson | shuffle | cyclic_poisson | balls_in_bins, groups}   -> Selection
     privacy.noise:    {kind: independent | banded | blt, bands, buffers} -> Noise.strategy
     privacy.unit:     {kind: example | user, max_examples_per_user}     -> Unit
     privacy.max_grad_norm, privacy.clipping                             -> Clipping

@@ -234,7 +234,7 @@ class DPSGDConfig(PrivacyConfig):
     the older flat names of nested keys, ??? unless given (aliases, read into the parts)."""
 
     budget: BudgetConfig = dataclasses.field(default_factory=BudgetConfig)
-    sampling: Any = _part("sampling")   # {kind: poisson | shuffle | cyclic_poisson | ..., groups}
+    sampling: Any = _part("sampling")   # {kind: poisson | shuffle | cyclic_poisson | balls_in_bins, groups}
     noise: Any = _part("noise")         # {kind: independent | banded | blt, bands, buffers}
     unit: Any = _part("unit")           # {kind: example | user, max_examples_per_user}
     max_grad_norm: Any = 1.0            # C, or a list of per-layer bounds (clipping=per_layer)
