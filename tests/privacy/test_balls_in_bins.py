@@ -115,10 +115,15 @@ def test_rank_shares_of_one_allocation_are_disjoint_and_make_up_the_whole_batch(
         assert all(i % 3 == r for r, p in enumerate(parts) for i in p)
 
 
-def test_sharding_a_secure_stream_is_refused():
-    sampler = BallsInBinsBatchSampler(10, 0.5, secure=True)
-    with pytest.raises(ConfigError, match="secure_mode=false"):
-        shard_sampler(sampler, rank=0, world_size=2)
+def test_secure_rank_shares_put_every_example_in_exactly_one_batch_of_each_epoch():
+    """In secure mode each rank draws from its own CSPRNG and keeps its own examples: each
+    example's batch is still one uniform draw, and every example is in one batch an epoch."""
+    ranks = [shard_sampler(BallsInBinsBatchSampler(30, 0.2, secure=True), rank=r, world_size=3)
+             for r in range(3)]
+    for _ in range(2):
+        shares = [_epoch(sampler) for sampler in ranks]
+        assert all(len(s) == 5 for s in shares)
+        assert sorted(i for s in shares for b in s for i in b) == list(range(30))
 
 
 # -- the plan -----------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ The index stream is `BallsInBinsBatchSampler`: an epoch's allocation is N unifor
 until the epoch ends (a mid-epoch resume continues the same allocation when it was saved, which
 only reproducible randomness does; otherwise a resume must start at an epoch boundary, as with
 shuffled batches). Over several ranks, every rank draws the same allocation and keeps its share
-(`dptrain.data.sharding`).
+(`dptrain.data.sharding`); in secure mode each rank draws the bins of its own examples from its
+own CSPRNG, which is the same allocation's distribution (each example's bin is its own draw).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import torch
 
 from dptrain.data.sampling import ShuffleBatchSampler, ShuffleDataLoader
 from dptrain.data.sharding import shard_sampler
-from dptrain.errors import ConfigError
 from dptrain.privacy.selection.base import LoaderContext, Selection
 from dptrain.randomness import uniform
 
@@ -85,14 +85,6 @@ class BallsInBins(Selection):
         super().__post_init__()
         # q = 1 / k exactly: the expected batch N / k is the public divisor of the average
         object.__setattr__(self, "sample_rate", 1.0 / self.steps_per_epoch)
-
-    def check_distributed(self, context: LoaderContext) -> None:
-        if context.secure:
-            raise ConfigError(
-                "privacy.sampling=balls_in_bins over several processes needs every rank to draw "
-                "the same allocation from one shared generator, which secure mode (a CSPRNG per "
-                "process) cannot give: set privacy.secure_mode=false, or use "
-                "privacy.sampling=poisson (each rank draws its own shard's coins securely).")
 
     def private_loader(self, data_loader: Any, context: LoaderContext) -> Any:
         loader = BallsInBinsDataLoader.from_data_loader(
