@@ -24,6 +24,7 @@ from rich.table import Table
 
 from dptrain.cli.results import read_result
 from dptrain.cli.sweep_ledger import SWEEP_LEDGER_FILENAME, describe_cost, write_sweep_ledger
+from dptrain.formatting import format_epsilon
 from dptrain.io import atomic_write_json
 from dptrain.report import common_overrides
 
@@ -77,6 +78,8 @@ def _cell(value: Any, key: str) -> str:
         return str(value).replace("_", " ")   # stopped at budget: wraps between words
     if key.endswith("accuracy") and isinstance(value, (int, float)):
         return f"{100 * value:.2f}%"
+    if key == "epsilon":
+        return format_epsilon(value)
     if isinstance(value, float):
         return "inf" if math.isinf(value) else f"{value:.4g}"
     return str(value)

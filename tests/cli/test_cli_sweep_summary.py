@@ -9,6 +9,7 @@ from dptrain.train.job import RunResult
 from dptrain.cli.results import write_result
 from dptrain.cli.sweep import SUMMARY_FILENAME, common_overrides, job_dirs, summarize, summary_table
 from dptrain_runner import read_json
+from dptrain.formatting import format_epsilon
 
 
 def make_job(sweep: Path, name: str, overrides: list[str], result: RunResult | None) -> Path:
@@ -94,7 +95,7 @@ def test_the_table_fits_80_columns_and_keeps_every_column_of_every_job(tmp_path)
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
     for n in range(3):
-        assert f"{1.25 + n:.4g}" in text and str(3525 + n) in text
+        assert format_epsilon(1.25 + n) in text and str(3525 + n) in text
     assert text.count("91.23%") == 3 and text.count("90.12%") == 3
     overrides = "".join(line.split("│")[1].strip() for line in text.splitlines() if "│" in line)
     assert overrides == "".join(f"privacy.noise_multiplier={sigma}" for sigma in (0.5, 1.0, 2.0))
