@@ -99,3 +99,27 @@ def test_the_table_fits_80_columns_and_keeps_every_column_of_every_job(tmp_path)
     assert text.count("91.23%") == 3 and text.count("90.12%") == 3
     overrides = "".join(line.split("│")[1].strip() for line in text.splitlines() if "│" in line)
     assert overrides == "".join(f"privacy.noise_multiplier={sigma}" for sigma in (0.5, 1.0, 2.0))
+
+
+def _caption_lines(summary: dict) -> list[str]:
+    from rich.console import Console
+
+    console = Console(width=80, record=True, file=open("/dev/null", "w"))
+    console.print(summary_table(summary))
+    lines = console.export_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if "releasing" in line)
+    return [line.strip() for line in lines[start:] if line.strip()]
+
+
+def test_the_cost_caption_leaves_no_word_or_number_alone_on_a_line():
+    """At 80 columns the caption ended in "(prv)" alone on a line; with few columns the table
+    (and so its caption) was narrower still."""
+    jobs = [{"job": str(n), "overrides": [f"privacy.noise_multiplier={s}", "train.epochs=5"],
+             "status": "completed", "epsilon": e, "delta": 1e-5, "test_accuracy": 0.88,
+             "steps": 60} for n, (s, e) in enumerate([(0.7, 10.5), (1, 4.98), (2, 1.6), (4, 0.671)])]
+    cost = {"delta": 1e-5, "epsilon": 11.65, "selection": {"rule": "all"},
+            "cost": {"all_composed": {"epsilon": 11.65, "accountant": "prv"}}}
+    lines = _caption_lines({"jobs": jobs, "cost_of_best": cost})
+    assert lines[0].startswith("releasing the best job costs epsilon 11.7")
+    assert " ".join(lines).endswith("the 4 jobs composed (prv)")
+    assert all(len(line) >= 20 for line in lines), lines
