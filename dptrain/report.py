@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dptrain.errors import ConfigError
+from dptrain.formatting import format_epsilon
 from dptrain.io import JsonLines, atomic_write_bytes
 from dptrain.train.loggers import (
     METRICS_FILENAME,
@@ -39,6 +40,10 @@ PRIVATE_FIGURE_NOTE = ("PRIVATE metrics drawn (marked private): not covered by e
                        "publish this figure")
 FONT_SIZE = 10   # points: the smallest text of a figure (tick labels, legends, notes)
 TITLE_SIZE = 12
+#: inches per panel of the run figure: its three panels are about a paper's text width (7 in), so
+#: it is printed near its own size and its 10-point text stays readable (at 4.4 in a panel, the
+#: 13-inch figure printed its text at about 5 points)
+RUN_PANEL_WIDTH = 2.5
 # The run plot's panels: title and the record keys drawn in it.
 PANELS = (
     ("loss", ("train_loss", "step_loss", "val_loss", "test_loss")),
@@ -113,15 +118,17 @@ def run_figure(series: Mapping[str, Series], title: str = "",
     logical step) as a matplotlib Figure; a panel with no data says so; private curves are
     marked (`curve_label`) and the title then says the figure is not to be published."""
     from matplotlib.ticker import MaxNLocator
+    from matplotlib.transforms import offset_copy
 
-    figure, axes = _figure(1, len(PANELS), (4.4 * len(PANELS), 3.8))
+    figure, axes = _figure(1, len(PANELS), (RUN_PANEL_WIDTH * len(PANELS), 3.8))
     private = False
     for ax, (name, keys) in zip(axes, PANELS):
         drawn = [key for key in keys if series.get(key) and series[key].steps]
         private |= not all(is_public(key) for key in drawn)
         for key in drawn:
             thin = key == "step_loss"
-            ax.plot(series[key].steps, series[key].values, label=curve_label(key),
+            ax.plot(series[key].steps, series[key].values,   # "(private)" on a line of its
+                    label=curve_label(key).replace(" (", "\n("),  # own: a narrow legend
                     marker="" if thin else "o", markersize=3, linewidth=0.8 if thin else 1.5,
                     alpha=0.6 if thin else 1.0)
         if name == "epsilon spent" and target_epsilon is not None and drawn:
@@ -134,9 +141,12 @@ def run_figure(series: Mapping[str, Series], title: str = "",
             ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes,
                     fontsize=FONT_SIZE)
         _style(ax, name, "step")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # steps: no 1.975
-        if drawn:
-            ax.legend(fontsize=FONT_SIZE)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=4, integer=True, min_n_ticks=1))  # no 1.975
+        if drawn:   # under the panel: inside, a narrow panel's legend covered its curves
+            ax.legend(fontsize=FONT_SIZE, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                      bbox_transform=offset_copy(ax.transAxes, figure, y=-2.4 * (FONT_SIZE + 2),
+                                                 units="points"),   # below the step label
+                      frameon=False, handlelength=1.5, handletextpad=0.5)
     title = "\n".join(part for part in (title, PRIVATE_FIGURE_NOTE if private else "") if part)
     if title:
         figure.suptitle(title, fontsize=TITLE_SIZE, color="darkred" if private else "black")
@@ -219,7 +229,7 @@ def run_summary(series: Mapping[str, Series], result: Mapping[str, Any] | None =
         lines.append("epsilon: none (not a private run)")
     else:
         delta = result.get("delta")
-        lines.append(f"epsilon: {epsilon:.4g}" + (f" at delta = {delta:g}" if delta else ""))
+        lines.append(f"epsilon: {format_epsilon(epsilon)}" + (f" at delta = {delta:g}" if delta else ""))
     mechanism = [f"{name} {last(key):.4g}" for key, name in
                  (("noise_multiplier", "sigma"), ("sample_rate", "sample rate"),
                   ("max_grad_norm", "clipping bound"), ("lr", "learning rate"))
@@ -345,13 +355,19 @@ def sweep_figure(points: Sequence[SweepPoint], title: str = "", delta: float | N
     figure, (ax,) = _figure(1, 1, (7.0, 5.0))
     private = [p for p in points if p.epsilon is not None]
     series = list(dict.fromkeys(p.series for p in private))
+    labels = []
     for name in series:
         line = sorted((p for p in private if p.series == name), key=lambda p: p.epsilon)
         ax.plot([p.epsilon for p in line], [p.test_accuracy for p in line], marker="o",
                 label=name or None, zorder=3)
-        for point in line:   # below right of the point, under a rising line
-            ax.annotate(point.label, (point.epsilon, point.test_accuracy), fontsize=FONT_SIZE,
-                        textcoords="offset points", xytext=(6, -6), va="top")
+        for index, point in enumerate(line):
+            # below right of the point, under a rising line; above right where the line falls
+            # after it (the falling segment crossed a label below)
+            falls = index + 1 < len(line) and line[index + 1].test_accuracy < point.test_accuracy
+            labels.append(ax.annotate(point.label, (point.epsilon, point.test_accuracy),
+                                      fontsize=FONT_SIZE, textcoords="offset points",
+                                      xytext=(6, 6) if falls else (6, -6),
+                                      va="bottom" if falls else "top"))
     for point in points:
         if point.epsilon is None:
             ax.axhline(point.test_accuracy, color="grey", linestyle="--",
@@ -366,11 +382,49 @@ def sweep_figure(points: Sequence[SweepPoint], title: str = "", delta: float | N
         ax.set_xlim(0, 1.2 * max(p.epsilon for p in private))
     _percent_axis(ax.yaxis)
     _style(ax, title, "epsilon" + (f" (delta = {delta:g})" if delta else ""), "test accuracy")
+    _room_for(figure, ax, labels)
     if note:   # a line per part of the note, never a number alone on a line
-        figure.suptitle("\n".join(line for part in note.split("; ")
-                                  for line in textwrap.wrap(part, 90, break_on_hyphens=False)),
-                        fontsize=FONT_SIZE)
+        figure.suptitle("\n".join(note_lines(note, 90)), fontsize=FONT_SIZE)
     return figure
+
+
+def note_lines(note: str, width: int) -> list[str]:
+    """`note` (parts joined by "; ") as lines of at most `width` characters for a caption: each
+    part on lines of its own, broken between words, none left short: a part's last line holds
+    at least a third of `width` (a sweep's caption once ended in "(prv)" or a lone number on a
+    line of its own), the lines of a part evened out instead."""
+    lines = []
+    for part in note.split("; "):
+        wrapped = textwrap.wrap(part, width, break_on_hyphens=False)
+        narrower = width
+        while len(wrapped) > 1 and len(wrapped[-1]) < width // 3 and narrower > width // 2:
+            narrower -= 1   # a narrower measure moves words down onto the short last line
+            candidate = textwrap.wrap(part, narrower, break_on_hyphens=False)
+            if len(candidate) == len(wrapped):
+                wrapped = candidate
+        lines += wrapped
+    return lines
+
+
+def _room_for(figure: Any, ax: Any, labels: Sequence[Any]) -> None:
+    """Widen `ax`'s x range to the right and its y range up or down until every point label
+    lies inside the axes (the rightmost point's label ran past the frame, a long one past the
+    figure's edge). A label keeps its size in points, so each widening shrinks it in data
+    units: a few rounds settle it."""
+    for _ in range(4):
+        figure.draw_without_rendering()
+        frame = ax.get_window_extent()
+        boxes = [label.get_window_extent() for label in labels]
+        right = max([frame.x1, *(box.x1 for box in boxes)])
+        bottom = min([frame.y0, *(box.y0 for box in boxes)])
+        top = max([frame.y1, *(box.y1 for box in boxes)])
+        if (right, bottom, top) == (frame.x1, frame.y0, frame.y1):
+            return
+        to_data = ax.transData.inverted()
+        x_need, y_low = to_data.transform((right + 4, bottom - 4))   # 4 pixels of air
+        _, y_high = to_data.transform((right, top + 4))
+        ax.set_xlim(ax.get_xlim()[0], max(ax.get_xlim()[1], x_need))
+        ax.set_ylim(min(ax.get_ylim()[0], y_low), max(ax.get_ylim()[1], y_high))
 
 
 def plot_sweep(points: Sequence[SweepPoint], path: Path | str, title: str = "",

@@ -123,6 +123,13 @@ def table(results: dict[str, Any], names: list[str], epsilons: list[float]) -> s
     return head + "\n".join(rows) + "\n"
 
 
+def dodge(index: int, count: int, spread: float = 0.05) -> float:
+    """The factor that shifts the `index`-th of `count` lines along a log2 epsilon axis, centred
+    on the true epsilon, so that their error bars at one epsilon sit side by side (they were
+    drawn on top of one another). The tick stays at the true epsilon."""
+    return 2 ** (spread * (index - (count - 1) / 2))
+
+
 def figure(results: dict[str, Any], names: list[str], epsilons: list[float], path: str,
            title: str, delta: float) -> None:
     """Test accuracy against epsilon (log scale), one line per mechanism, error bars = std."""
@@ -130,17 +137,17 @@ def figure(results: dict[str, Any], names: list[str], epsilons: list[float], pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
-    for name in names:
+    for index, name in enumerate(names):
         done = [e for e in epsilons if f"{name}@{e:g}" in results]
         acc = [[100 * a for a in results[f"{name}@{e:g}"]["accuracy"]] for e in done]
-        ax.errorbar(done, [statistics.mean(a) for a in acc],
+        ax.errorbar([e * dodge(index, len(names)) for e in done], [statistics.mean(a) for a in acc],
                     yerr=[statistics.stdev(a) if len(a) > 1 else 0 for a in acc],
                     marker="o", capsize=3, label=name)
     ax.set_xscale("log", base=2)
     ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
     ax.set_xlabel(f"epsilon (delta = {delta:g})")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

@@ -106,12 +106,12 @@ def test_run_summary_states_outcome_accuracy_epsilon_and_the_mechanism():
               "delta": 1e-5, "val_accuracy": None}
     text = run_summary(run_series(RECORDS), result)
     assert "completed, 24 steps" in text and "test accuracy: 80.00%" in text
-    assert "epsilon: 3 at delta = 1e-05" in text and "sigma 1.1" in text
+    assert "epsilon: 3.00 at delta = 1e-05" in text and "sigma 1.1" in text
 
 
 def test_run_summary_without_a_result_uses_the_last_logged_values():
     text = run_summary(run_series(RECORDS))
-    assert "24 steps" in text and "80.00%" in text and "epsilon: 3" in text
+    assert "24 steps" in text and "80.00%" in text and "epsilon: 3.00" in text
 
 
 def test_plot_run_writes_a_png(tmp_path):
@@ -261,3 +261,54 @@ def test_a_short_runs_step_axis_has_whole_steps_only():
     for ax in figure.axes:
         ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
         assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+PAPER_TEXT_WIDTH_IN = 7.5   # inches: a figure wider than this is shrunk in print, and its text too
+
+
+def test_every_point_label_of_the_sweep_figure_lies_inside_its_axes():
+    """The rightmost point's label ran past the frame (and a long one past the figure's edge)."""
+    points = [SweepPoint(str(i), f"noise multiplier = {s}", e, a) for i, (s, e, a) in
+              enumerate([(2, 1.2, 0.881), (1, 3.1, 0.9315), (0.5, 9.7, 0.9412)])]
+    figure = sweep_figure(points, "title", 1e-5)
+    figure.draw_without_rendering()
+    frame = figure.axes[0].get_window_extent()
+    labels = [t for t in figure.axes[0].texts if t.get_text().startswith("noise multiplier")]
+    assert len(labels) == 3
+    for label in labels:
+        box = label.get_window_extent()
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0, label.get_text()
+
+
+def test_the_run_figure_fits_a_papers_text_width_so_its_10_point_text_prints_near_10_points():
+    """It was 13.2 inches wide: at a 7-inch text width its 10-point labels printed at 5 points."""
+    width, _ = run_figure(run_series(RECORDS), "run", target_epsilon=3.0).get_size_inches()
+    assert width <= PAPER_TEXT_WIDTH_IN
+
+
+def test_no_legend_of_the_run_figure_covers_its_curves():
+    """Narrow panels: each legend sits under its panel, outside the plotting area."""
+    figure = run_figure(run_series(RECORDS), "run", target_epsilon=3.0)
+    figure.draw_without_rendering()
+    for ax in figure.axes:
+        legend = ax.get_legend()
+        if legend is not None:
+            assert legend.get_window_extent().y1 <= ax.get_window_extent().y0, ax.get_title()
+
+
+def test_no_point_label_of_the_sweep_figure_lies_on_its_line():
+    """A peak's label below right of it sat on the falling segment after it (the docs' sweep:
+    sigma = 2 above sigma = 1)."""
+    import numpy as np
+
+    points = [SweepPoint(str(i), f"sigma = {s}", e, a) for i, (s, e, a) in enumerate(
+        [(4, 0.671, 0.8592), (2, 1.60, 0.8901), (1, 4.98, 0.8789), (0.7, 10.5, 0.8873)])]
+    figure = sweep_figure(points, "title", 1e-5)
+    figure.draw_without_rendering()
+    ax = figure.axes[0]
+    vertices = ax.transData.transform(ax.lines[0].get_xydata())
+    path = np.concatenate([np.linspace(a, b, 200) for a, b in zip(vertices, vertices[1:])])
+    for label in ax.texts:
+        box = label.get_window_extent().expanded(0.98, 0.9)
+        inside = [(x, y) for x, y in path if box.x0 < x < box.x1 and box.y0 < y < box.y1]
+        assert inside == [], label.get_text()

@@ -28,11 +28,17 @@ import numpy as np
 from dptrain.audit.bound import GuessOutcome, best_lower_bound, check_confidence
 from dptrain.audit.fdp import best_gdp_mu_lower_bound, mu_to_epsilon
 from dptrain.errors import ConfigError
+from dptrain.formatting import format_epsilon
 
 AUDIT_FILE = "audit.json"
 FIGURE_FILE = "audit_scores.png"
 SIDES = ("top", "top_and_bottom")
 DEFAULT_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.5)
+
+
+def _lower(epsilon: float) -> str:
+    """An empirical lower bound on epsilon in text: rounded down (it claims at least that)."""
+    return format_epsilon(epsilon, rounding="down")
 
 
 @dataclass(frozen=True)
@@ -113,34 +119,35 @@ class AuditResult:
         return self.fdp_lower_bound > self.claimed_epsilon
 
     def _fdp_clause(self) -> str:
-        return (f"f-DP (Gaussian) lower bound {self.fdp_lower_bound:.3g} (mu >= "
+        return (f"f-DP (Gaussian) lower bound {_lower(self.fdp_lower_bound)} (mu >= "
                 f"{self.fdp_mu_lower_bound:.3g})")
 
     @property
     def verdict(self) -> str:
         if self.violation:
             return (f"VIOLATION: the run leaked more than it claims (epsilon >= "
-                    f"{self.lower_bound:.3g} with {self.confidence:.0%} confidence, claimed "
-                    f"{self.claimed_epsilon:.3g} at delta = {self.delta:.3g}; "
+                    f"{_lower(self.lower_bound)} with {self.confidence:.0%} confidence, claimed "
+                    f"{format_epsilon(self.claimed_epsilon)} at delta = {self.delta:.3g}; "
                     f"{self._fdp_clause()})")
         fdp = (f"{self._fdp_clause()} > claimed: not Gaussian-DP at the claimed epsilon, a "
                "violation for a full-batch run only (docs/auditing.md)"
                if self.fdp_exceeds_claim else f"{self._fdp_clause()} <= claimed")
-        return (f"consistent: empirical lower bound {self.lower_bound:.3g} <= claimed epsilon "
-                f"{self.claimed_epsilon:.3g} ({self.confidence:.0%} confidence, delta = "
+        return (f"consistent: empirical lower bound {_lower(self.lower_bound)} <= claimed "
+                f"epsilon {format_epsilon(self.claimed_epsilon)} ({self.confidence:.0%} confidence, delta = "
                 f"{self.delta:.3g}); {fdp}")
 
     def summary(self) -> str:
         """A few lines a person can read: both bounds, the counts, the verdict."""
         return "\n".join([
-            f"audit ({self.kind}, {self.score} scores): claimed epsilon {self.claimed_epsilon:.4g}"
-            f" (upper bound), empirical lower bound {self.lower_bound:.4g} at "
+            f"audit ({self.kind}, {self.score} scores): claimed epsilon "
+            f"{format_epsilon(self.claimed_epsilon)} (upper bound), empirical lower bound "
+            f"{_lower(self.lower_bound)} at "
             f"{self.confidence:.0%} confidence, delta = {self.delta:.3g}",
             f"  {self.canaries} canaries ({self.included} included); best rule: {self.correct} "
             f"of {self.guesses} guesses correct ({self.guesses_included} top, "
             f"{self.guesses_excluded} bottom; {len(self.rules)} rules, {self.correction})",
             f"  f-DP (Gaussian, Mahloujifar et al.): mu >= {self.fdp_mu_lower_bound:.4g}, "
-            f"epsilon >= {self.fdp_lower_bound:.4g} at delta = {self.delta:.3g} (best rule: "
+            f"epsilon >= {_lower(self.fdp_lower_bound)} at delta = {self.delta:.3g} (best rule: "
             f"{self.fdp_correct} of {self.fdp_guesses} correct)",
             f"  {self.verdict}",
         ])
@@ -234,8 +241,8 @@ def plot_scores(result: AuditResult, scores: np.ndarray, included: np.ndarray,
     ax.set_xlabel(f"canary score ({result.score})")
     ax.set_ylabel("canaries")
     ax.set_title(f"{'VIOLATION' if result.violation else 'consistent'}: lower bound "
-                 f"{result.lower_bound:.3g} (f-DP {result.fdp_lower_bound:.3g}) vs claimed "
-                 f"epsilon {result.claimed_epsilon:.3g}", fontsize=10)
+                 f"{_lower(result.lower_bound)} (f-DP {_lower(result.fdp_lower_bound)}) vs "
+                 f"claimed epsilon {format_epsilon(result.claimed_epsilon)}", fontsize=10)
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -47,6 +47,7 @@ from dptrain.errors import (
     UnreachableEpsilonError,
     UnsupportedModuleError,
 )
+from dptrain.formatting import format_epsilon
 from dptrain.models.hf import check_task, loss_for_task, parameter_groups
 from dptrain.data.sampling import default_sample_rate
 from dptrain.data.user_sampling import user_sample_rate
@@ -425,8 +426,8 @@ def _unreachable_in_keys(error: UnreachableEpsilonError, settings: TrainSettings
         f"{key}={error.target_epsilon:g} cannot be reached: "
         f"train.epochs={settings.epochs} at train.batch_size={settings.batch_size} of "
         f"N = {num_examples} training examples is {error.steps} steps at sample rate "
-        f"{error.sample_rate:.3g}, and even sigma = 10000 spends epsilon {error.best:.4g} at "
-        f"delta {error.delta:g}. Raise {key} to at least {error.best:.3g}, or "
+        f"{error.sample_rate:.3g}, and even sigma = 10000 spends epsilon {format_epsilon(error.best)} at "
+        f"delta {error.delta:g}. Raise {key} to at least {format_epsilon(error.best)}, or "
         f"lower train.epochs or train.batch_size.")
 
 

@@ -31,6 +31,7 @@ from dptrain.train.ledger import (
     verify_ledger,
 )
 from dptrain.errors import DPTrainError
+from dptrain.formatting import format_epsilon
 
 RELATIVE_TOLERANCE = 1e-6
 
@@ -110,7 +111,7 @@ def charged_steps(data: dict) -> str:
 
 
 def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.6g}"
+    return "-" if value is None else format_epsilon(value)
 
 
 # ---------------------------------------------------------------------------- sweep ledgers

@@ -38,6 +38,7 @@ from omegaconf.errors import OmegaConfBaseException
 import dptrain.cli.resolvers  # noqa: F401  (the configs' ${dptrain.*:...} resolvers)
 from dptrain.cli.overrides import choose_sigma_option, open_mapping_keys
 from dptrain.errors import DPTrainError, RunFolderBusyError, WriteError
+from dptrain.formatting import format_epsilon
 
 if TYPE_CHECKING:  # torch-free import, so that `dptrain --help` starts fast
     from dptrain.train.job import RunResult
@@ -83,7 +84,7 @@ def stop_on_user_error(error: DPTrainError) -> NoReturn:
 def _format_epsilon(result: RunResult) -> str:
     if result.epsilon is None:
         return "no privacy guarantee (privacy=none)"
-    return f"epsilon = {result.epsilon:.4g} at delta = {result.delta:.3g}"
+    return f"epsilon = {format_epsilon(result.epsilon)} at delta = {result.delta:.3g}"
 
 
 def _print_outcome(result: RunResult) -> None:
@@ -109,7 +110,7 @@ def _print_interrupted(result: RunResult, command: str, how: str = "interrupted"
     """The one line after Ctrl-C or a preempting signal (`how` says which): what the run did
     and spent, and how to continue it."""
     spent = ("no privacy guarantee (privacy=none)" if result.epsilon is None else
-             f"epsilon spent so far {result.epsilon:.4g} at delta {result.delta:.3g} (every step "
+             f"epsilon spent so far {format_epsilon(result.epsilon)} at delta {result.delta:.3g} (every step "
              f"committed to the ledger)")
     print(f"dptrain: {how} after {result.steps} steps; {spent}. Resume with: {command}",
           flush=True)

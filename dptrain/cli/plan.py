@@ -35,6 +35,7 @@ from dptrain.checks import (
 from dptrain.cli.args import OneLineParser, fail
 from dptrain.cli.privacy_config import PrivacyGroup
 from dptrain.errors import ConfigError, DPTrainError, PrivacyError
+from dptrain.formatting import format_epsilon
 from dptrain.privacy.noise import NOISE_KINDS, NoiseStrategy
 from dptrain.privacy.plan import COMMAND_SELECTIONS, Clipping, Noise, PrivacyPlan, Selection
 from dptrain.privacy.selection import correlated, selection_class
@@ -232,7 +233,9 @@ def _note(row: dict[str, Any], sigma: float | None) -> str:
         return "infinite: no noise (sigma = 0)" if sigma == 0 else "infinite: no finite guarantee"
     guarantee = row["guarantee"]
     if "bounds" in row:
-        return f"{guarantee}; true epsilon in [{row['bounds'][0]:.4f}, {row['bounds'][1]:.4f}]"
+        low, high = row["bounds"]   # the true epsilon's bounds, each rounded outward
+        return (f"{guarantee}; true epsilon in [{format_epsilon(low, rounding='down')}, "
+                f"{format_epsilon(high)}]")
     if "optimal_order" in row:
         return f"{guarantee} (RDP order {row['optimal_order']:g})"
     return guarantee
@@ -254,7 +257,7 @@ def _print_table(command: str, inputs: dict[str, Any], rows: list[dict[str, Any]
         if command == "sigma":
             cells.append(f"{row['noise_multiplier']:.4f}")
         sigma = row.get("noise_multiplier", inputs.get("noise_multiplier"))
-        cells += [f"{row['epsilon']:.4f}", _note(row, sigma)]
+        cells += [format_epsilon(row["epsilon"]), _note(row, sigma)]
         table.add_row(*cells)
     Console().print(table)
 

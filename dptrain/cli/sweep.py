@@ -24,8 +24,9 @@ from rich.table import Table
 
 from dptrain.cli.results import read_result
 from dptrain.cli.sweep_ledger import SWEEP_LEDGER_FILENAME, describe_cost, write_sweep_ledger
+from dptrain.formatting import format_epsilon
 from dptrain.io import atomic_write_json
-from dptrain.report import common_overrides
+from dptrain.report import common_overrides, note_lines
 
 SUMMARY_FILENAME = "sweep_summary.json"
 COLUMNS = (
@@ -77,9 +78,16 @@ def _cell(value: Any, key: str) -> str:
         return str(value).replace("_", " ")   # stopped at budget: wraps between words
     if key.endswith("accuracy") and isinstance(value, (int, float)):
         return f"{100 * value:.2f}%"
+    if key == "epsilon":
+        return format_epsilon(value)
     if isinstance(value, float):
         return "inf" if math.isinf(value) else f"{value:.4g}"
     return str(value)
+
+
+#: characters of a caption line of the sweep table: it fits 80 columns, and rich's own wrapping
+#: at the table's width (which left "(prv)" alone on a line) never has to break one
+CAPTION_WIDTH = 72
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
@@ -97,9 +105,11 @@ def summary_table(summary: dict[str, Any]) -> Table:
         shared.append(f"delta {_cell(deltas.pop(), 'delta')}")
     caption = "; ".join(shared)
     cost = summary.get("cost_of_best")
-    if cost is not None:   # on a line of its own
-        caption = "\n".join(filter(None, [caption, describe_cost(cost, len(rows))]))
-    table = Table(title="Sweep summary", caption=caption or None, show_edge=False)
+    if cost is not None:   # on lines of its own, none left with a word or a number alone
+        caption = "\n".join(filter(None, [caption, *note_lines(describe_cost(cost, len(rows)),
+                                                                CAPTION_WIDTH)]))
+    table = Table(title="Sweep summary", caption=caption or None, show_edge=False,
+                  min_width=CAPTION_WIDTH)   # never narrower than its caption lines
     table.add_column("job", no_wrap=True)
     table.add_column("overrides", overflow="fold", ratio=1)
     for key in keys:

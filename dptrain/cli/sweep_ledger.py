@@ -45,6 +45,7 @@ from dptrain.accounting.history import (
 )
 from dptrain.accounting.tuning import Trials, composed_epsilon, repeat_and_select_epsilon
 from dptrain.errors import DPTrainError
+from dptrain.formatting import format_epsilon
 from dptrain.io import atomic_write_json
 
 SWEEP_LEDGER_FILENAME = "sweep_ledger.json"
@@ -315,7 +316,7 @@ def describe_cost(ledger: dict[str, Any], jobs: int) -> str:
     Each figure is stated once."""
     def eps(cost: dict[str, Any]) -> str:
         value = cost.get("epsilon")
-        return "unknown" if value is None else f"epsilon {float(value):.4g}"
+        return "unknown" if value is None else f"epsilon {format_epsilon(value)}"
 
     composed = ledger["cost"]["all_composed"]
     at = f" at delta {ledger['delta']:g}" if ledger["delta"] is not None else ""

@@ -362,7 +362,8 @@ def reduce_scatter_rows(full: Tensor, param: Any) -> Tensor:
     padded = flat.new_zeros((chunk * world, flat.shape[1]))
     padded[:rows] = flat
     out = flat.new_empty((chunk, flat.shape[1]))
-    dist.reduce_scatter_tensor(out, padded, group=group)
+    # reduce_scatter_single: torch >= 2.14's name (reduce_scatter_tensor warns there)
+    getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(out, padded, group=group)
     mine = max(0, min(rows - rank * chunk, chunk))
     return out[:mine].reshape(local_rows(param).shape)
 

@@ -61,7 +61,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence
-from torch.utils._pytree import tree_leaves, tree_map_only
+from torch.utils._pytree import tree_leaves
 
 from dptrain.errors import ConfigError, PrivacyError, UnsupportedModuleError
 from dptrain.grad_sample.accumulate import BackwardRows, ForwardPass, PerPassStore
@@ -294,6 +294,30 @@ def _detach(value: Any) -> Any:
     return value
 
 
+def on_gradient(out: Tensor, hook: Callable[[Tensor], None], after_later_ones: bool) -> None:
+    """Call ``hook(grad)`` with the gradient of ``out`` (its shape) in each backward reaching it.
+
+    ``after_later_ones``: after every hook registered on ``out`` itself, even those registered
+    later (FSDP's pre-backward hook on a unit's output, which gathers the parameters ``hook``
+    reads). Autograd runs the hooks of a tensor before the pre-hooks of the node that made it,
+    so ``hook`` becomes a pre-hook of ``out.grad_fn``: no view or copy of ``out`` is handed on (a
+    returned view would make an in-place op on the unit's output drop FSDP's hook and break its
+    backward; FSDP2 warns of it). Like a tensor hook, a node pre-hook stays with the node when
+    the caller modifies ``out`` in place, and gets the gradient of its value before that.
+    """
+    node = out.grad_fn
+    if not after_later_ones or node is None:  # a leaf has no node: its own hooks run in order
+        out.register_hook(hook)
+        return
+    index = out.output_nr
+
+    def pre_hook(grad_outputs: tuple[Optional[Tensor], ...]) -> None:
+        if grad_outputs[index] is not None:  # another output of the node got a gradient
+            hook(grad_outputs[index])
+
+    node.register_prehook(pre_hook)
+
+
 class GradSampleModule(nn.Module):
     """Wrap ``model`` so that every trainable parameter gets ``p.grad_sample`` after backward.
 
@@ -310,8 +334,9 @@ class GradSampleModule(nn.Module):
     :mod:`~dptrain.grad_sample.accumulate`).
     """
 
-    #: give each hooked layer's caller a view of its output, so that hooks registered later on
-    #: that output run before this module's (a fully sharded model: dptrain.distributed.fsdp)
+    #: capture each layer's output gradient after the hooks registered later on that output
+    #: (a fully sharded model: FSDP's pre-backward hook on a unit's output gathers the unit's
+    #: parameters, which ours read; dptrain.distributed.fsdp), see :func:`on_gradient`
     hooks_after_later_ones = False
 
     def __init__(self, model: nn.Module, batch_first: bool = True, loss_reduction: str = "mean") -> None:
@@ -483,19 +508,13 @@ class GradSampleModule(nn.Module):
         """Forward hook: record the call and hook its differentiable outputs.
 
         Returns the output given the batch dimension when the call's inputs are shared by the
-        batch (:mod:`~dptrain.grad_sample.broadcast`); with ``hooks_after_later_ones``, views of
-        the differentiable outputs; else None (output unchanged).
+        batch (:mod:`~dptrain.grad_sample.broadcast`), else None (output unchanged).
 
         The recording runs with torch-function handling off (:func:`bookkeeping`): its reads of shapes and
         flags and its detached copies are not model computation for the pass's provenance mode.
         """
         with bookkeeping():
             replaced = self._record(name, layer, args, kwargs, output)
-        if replaced is None and self.hooks_after_later_ones and self._capturing(layer):
-            # the caller gets views (made here, where the pass's provenance tracks them): hooks
-            # others put on them (FSDP's pre-backward hook on a unit's output, which gathers the
-            # unit's parameters) then run before ours, which read the layer's parameters
-            return tree_map_only(Tensor, lambda t: t.view_as(t) if t.requires_grad else t, output)
         return replaced
 
     def _record(self, name: str, layer: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
@@ -537,7 +556,7 @@ class GradSampleModule(nn.Module):
         )
         call.group.expected += 1
         for index, out in enumerate(outputs):
-            out.register_hook(partial(self._on_output_grad, call, index))
+            on_gradient(out, partial(self._on_output_grad, call, index), self.hooks_after_later_ones)
         return replaced
 
     def _broadcast_shared_inputs(

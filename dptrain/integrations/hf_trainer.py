@@ -63,6 +63,7 @@ from dptrain.checks import (
 from dptrain.batches import rows as batch_rows
 from dptrain.data.virtual import split_batch
 from dptrain.errors import BudgetExhaustedError, ConfigError
+from dptrain.formatting import format_epsilon
 from dptrain.io import ensure_writable_dir, json_safe
 from dptrain.losses import per_sample_token_losses
 from dptrain.privacy.engine import GRAD_SAMPLE_MODES, PrivacyEngine
@@ -456,7 +457,7 @@ class PrivateTrainer(Trainer):
         charged = history_steps(self.ledger.history)
         line = (f"PrivateTrainer {status} after {_steps(self._position.step)}; its privacy "
                 f"ledger {self.ledger.path} charges {_steps(charged)}, epsilon "
-                f"{self.ledger.epsilon:.4g} at delta {data['delta']:g}")
+                f"{format_epsilon(self.ledger.epsilon)} at delta {data['delta']:g}")
         beyond = charged_beyond_completed(data)
         if beyond is not None:
             line += f": {beyond}"

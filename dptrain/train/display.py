@@ -23,6 +23,7 @@ from dptrain.train.job import RunResult
 from dptrain.errors import DPTrainError
 from dptrain.train.ledger import PRIVACY_UNIT, PrivacyLedger
 from dptrain.train.ledger.verification import ledger_accountant
+from dptrain.formatting import format_epsilon
 
 log = logging.getLogger("dptrain.train")
 
@@ -145,13 +146,13 @@ class Display:
         shown: at most every EPSILON_EVERY_S on a bar, on each progress line."""
         self._done += 1
         if self._progress is not None:
-            shown = {"eps": _fmt(epsilon())} if self._epsilon_due.due() else {}
+            shown = {"eps": _epsilon(epsilon())} if self._epsilon_due.due() else {}
             self._progress.update(self._task, advance=1, loss=_fmt(tally.loss),
                                   acc=_fmt(tally.accuracy), **shown)
         elif self._lines is not None and self._lines.due():
             of = "" if self._total is None else f"/{self._total}"
             note(f"{self._label}: step {self._done}{of}, private loss {_fmt(tally.loss)}, "
-                 f"epsilon so far {_fmt(epsilon())}, {self._lines.elapsed():.0f} s")
+                 f"epsilon so far {_epsilon(epsilon())}, {self._lines.elapsed():.0f} s")
 
     def epoch_line(self, label: str, record: dict[str, Any], seconds: float) -> None:
         """Without bars: one line for an epoch's metrics `record` (a metrics record, before its
@@ -168,7 +169,7 @@ class Display:
             if record.get(f"{split}_perplexity") is not None:
                 parts.append(f"{name} perplexity {_fmt(record[f'{split}_perplexity'])}")
         epsilon = record.get("epsilon")
-        public.append("no privacy" if epsilon is None else f"epsilon so far {_fmt(epsilon)}")
+        public.append("no privacy" if epsilon is None else f"epsilon so far {_epsilon(epsilon)}")
         shown = [f"{PRIVATE_LABEL}: {', '.join(private)};"] if private else []
         note(f"{label}: {' '.join([*shown, ', '.join(public)])}, {seconds:.1f} s")
 
@@ -240,14 +241,14 @@ def privacy_rows(ledger: PrivacyLedger) -> list[tuple[str, str]]:
     and the sampling are seeded."""
     data = ledger.data
     name, target = data["accountant"], data["target"]["epsilon"]
-    rows = [(f"epsilon ({name})", f"{_fmt(ledger.epsilon)} at delta={data['delta']:g} "
+    rows = [(f"epsilon ({name})", f"{_epsilon(ledger.epsilon)} at delta={data['delta']:g} "
                                   f"({_guarantee(data, name)})"),
             ("mechanism", mechanism_summary(data["mechanism"])),
             ("privacy unit", data["mechanism"].get("privacy_unit", PRIVACY_UNIT))]
     for other, claim in sorted(data["epsilon_by_accountant"].items()):
         if other == name:
             continue
-        value = f"{_fmt(claim['epsilon'])} ({_guarantee(data, other)})"
+        value = f"{_epsilon(claim['epsilon'])} ({_guarantee(data, other)})"
         if (not claim["approximate"] and target is not None and claim["epsilon"] is not None
                 and float(claim["epsilon"]) > target):
             value += (f": above the target {target:g}, a looser bound than {name}'s, the "
@@ -286,6 +287,11 @@ def _fmt(value: float | str | None) -> str:
     if value is None:
         return "-"
     return f"{float(value):.4g}"
+
+
+def _epsilon(value: float | str | None) -> str:
+    """An epsilon spent (an upper bound): rounded up (dptrain.formatting); "-" when unknown."""
+    return "-" if value is None else format_epsilon(value)
 
 
 def _percent(value: float) -> str:

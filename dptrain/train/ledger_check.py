@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dptrain.errors import ConfigError
+from dptrain.formatting import format_epsilon
 from dptrain.io import JsonLines
 from dptrain.train.job import RESULT_FILENAME
 from dptrain.train.loggers import METRICS_FILENAME
@@ -119,10 +120,10 @@ def record_mismatches(run_dir: Path, data: dict[str, Any], steps: int,
     for record in [*ledger_records(data), *folder_records(run_dir)]:
         beyond = record.steps > steps or (
             record.epsilon is not None and record.epsilon > epsilon * (1 + EPSILON_TOLERANCE))
-        if beyond:
-            shown = "" if record.epsilon is None else f", epsilon {record.epsilon:.6g}"
+        if beyond:  # 6 digits: two close epsilons told apart
+            shown = "" if record.epsilon is None else f", epsilon {format_epsilon(record.epsilon, 6)}"
             found.append(f"{record.where}: step {record.steps}{shown} > history: {steps} steps, "
-                         f"epsilon {epsilon:.6g}")
+                         f"epsilon {format_epsilon(epsilon, 6)}")
     return found
 
 

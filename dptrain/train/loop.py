@@ -70,6 +70,7 @@ from dptrain.train.loggers import (
 )
 from dptrain.privacy.step import private_step
 from dptrain.randomness import seed_everything
+from dptrain.formatting import format_epsilon
 from dptrain.train.lr_schedule import LR_SCHEDULE_NOTE, make_lr_scheduler
 from dptrain.train.preemption import Preemption
 from dptrain.train.resume import Resumer, resume_on_every_rank
@@ -411,7 +412,7 @@ class Trainer:
         charged = "records a run without privacy"
         if ledger.private:
             charged = (f"charges {history_steps(ledger.history)} steps, epsilon "
-                       f"{ledger.epsilon or 0.0:.4g} at delta {ledger.data['delta']:g}")
+                       f"{format_epsilon(ledger.epsilon or 0.0)} at delta {ledger.data['delta']:g}")
         failure = WriteError(
             f"{what} The run stopped after {self.spend.steps_completed()} steps; its privacy "
             f"ledger {shown_path(ledger.path)} {charged}. Every file written before was "

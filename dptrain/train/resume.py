@@ -22,6 +22,7 @@ from dptrain.distributed.fsdp import load_model_state_dict, load_optimizer_state
 from dptrain.distributed.runtime import is_main_process
 from dptrain.privacy.plan import PrivacyPlan
 from dptrain.errors import BudgetExhaustedError, ConfigError, PrivacyError
+from dptrain.formatting import format_epsilon
 from dptrain.train import checkpoint as ckpt
 from dptrain.train.budget import PrivacySpend
 from dptrain.train.checkpoint import Checkpointer
@@ -117,7 +118,7 @@ class Resumer:
                  "restarted from step 0 (the run folder holds no checkpoint)")
         line = f"{where} at step {self.pos.step}"
         if self.spend.private:
-            line += f", epsilon so far {self.ledger.epsilon:.4g} (delta {self.ledger.data['delta']:g})"
+            line += f", epsilon so far {format_epsilon(self.ledger.epsilon)} (delta {self.ledger.data['delta']:g})"
         if charged and self._data_difference:
             line += (f"; {charged} steps an earlier process took beyond it stay charged: "
                      f"{self._data_difference}")

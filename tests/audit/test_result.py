@@ -11,6 +11,7 @@ from dptrain.audit.bound import epsilon_lower_bound
 from dptrain.audit.fdp import gdp_mu_lower_bound
 from dptrain.audit.result import AuditResult, GuessingRules, audit_scores, count_correct, write_audit
 from dptrain.errors import ConfigError
+from dptrain.formatting import format_epsilon
 
 
 def test_each_fraction_gives_a_top_rule_and_a_top_and_bottom_rule():
@@ -136,8 +137,8 @@ def test_the_verdict_and_the_summary_state_both_bounds():
     result = audit_scores(included.astype(float), included, kind="white_box",
                           score="all_iterates", claimed_epsilon=float("inf"), delta=1e-5)
     for text in (result.verdict, result.summary()):
-        assert f"{result.lower_bound:.3g}" in text
-        assert "f-DP (Gaussian" in text and f"{result.fdp_lower_bound:.3g}" in text
+        assert format_epsilon(result.lower_bound, rounding="down") in text
+        assert "f-DP (Gaussian" in text and format_epsilon(result.fdp_lower_bound, rounding="down") in text
 
 
 def test_an_fdp_bound_above_the_claim_is_flagged_beside_the_verdict():

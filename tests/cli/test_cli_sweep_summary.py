@@ -9,6 +9,7 @@ from dptrain.train.job import RunResult
 from dptrain.cli.results import write_result
 from dptrain.cli.sweep import SUMMARY_FILENAME, common_overrides, job_dirs, summarize, summary_table
 from dptrain_runner import read_json
+from dptrain.formatting import format_epsilon
 
 
 def make_job(sweep: Path, name: str, overrides: list[str], result: RunResult | None) -> Path:
@@ -94,7 +95,31 @@ def test_the_table_fits_80_columns_and_keeps_every_column_of_every_job(tmp_path)
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80 and "…" not in text
     for n in range(3):
-        assert f"{1.25 + n:.4g}" in text and str(3525 + n) in text
+        assert format_epsilon(1.25 + n) in text and str(3525 + n) in text
     assert text.count("91.23%") == 3 and text.count("90.12%") == 3
     overrides = "".join(line.split("│")[1].strip() for line in text.splitlines() if "│" in line)
     assert overrides == "".join(f"privacy.noise_multiplier={sigma}" for sigma in (0.5, 1.0, 2.0))
+
+
+def _caption_lines(summary: dict) -> list[str]:
+    from rich.console import Console
+
+    console = Console(width=80, record=True, file=open("/dev/null", "w"))
+    console.print(summary_table(summary))
+    lines = console.export_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if "releasing" in line)
+    return [line.strip() for line in lines[start:] if line.strip()]
+
+
+def test_the_cost_caption_leaves_no_word_or_number_alone_on_a_line():
+    """At 80 columns the caption ended in "(prv)" alone on a line; with few columns the table
+    (and so its caption) was narrower still."""
+    jobs = [{"job": str(n), "overrides": [f"privacy.noise_multiplier={s}", "train.epochs=5"],
+             "status": "completed", "epsilon": e, "delta": 1e-5, "test_accuracy": 0.88,
+             "steps": 60} for n, (s, e) in enumerate([(0.7, 10.5), (1, 4.98), (2, 1.6), (4, 0.671)])]
+    cost = {"delta": 1e-5, "epsilon": 11.65, "selection": {"rule": "all"},
+            "cost": {"all_composed": {"epsilon": 11.65, "accountant": "prv"}}}
+    lines = _caption_lines({"jobs": jobs, "cost_of_best": cost})
+    assert lines[0].startswith("releasing the best job costs epsilon 11.7")
+    assert " ".join(lines).endswith("the 4 jobs composed (prv)")
+    assert all(len(line) >= 20 for line in lines), lines

@@ -12,6 +12,7 @@ import pytest
 from dptrain_runner import QUIET, run_in_process
 
 from dptrain.accounting.history import history_steps
+from dptrain.formatting import format_epsilon
 from dptrain.train.ledger import history_from_json, load_ledger
 
 RUN = ["train.epochs=3", "hardware=cpu", "hydra.run.dir=run", *QUIET,
@@ -46,7 +47,7 @@ def test_a_full_disk_stops_the_run_with_one_paragraph_and_a_ledger_it_resumes_fr
     charged = history_steps(history_from_json(ledger["history"]))
     assert "epoch_2.pt" in paragraph and "No space left on device" in paragraph
     assert "stopped after 24 steps" in paragraph
-    assert f"charges {charged} steps, epsilon {ledger['epsilon']:.4g}" in paragraph
+    assert f"charges {charged} steps, epsilon {format_epsilon(ledger['epsilon'])}" in paragraph
     assert "hydra.run.dir=run train.resume=auto" in paragraph
     assert not list((tmp_path / "run" / "checkpoints").glob(".*.tmp"))
 

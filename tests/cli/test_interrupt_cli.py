@@ -13,6 +13,7 @@ from pathlib import Path
 from dptrain_runner import ENTRY, QUIET, read_json, run_in_process, wait_for
 
 from dptrain.train.ledger import load_ledger
+from dptrain.formatting import format_epsilon
 
 LONG_RUN = ["train.epochs=1000", "hardware=cpu", "hydra.run.dir=run", *QUIET]  # ~0.2 s an epoch
 
@@ -39,7 +40,7 @@ def test_ctrl_c_ends_the_run_with_one_line_an_interrupted_ledger_and_a_command_t
     ledger, result = load_ledger(tmp_path / "run"), read_json(tmp_path / "run" / "result.json")
     assert ledger["status"] == result["status"] == "interrupted"
     assert result["epsilon"] == ledger["epsilon"] > 0 and result["steps"] >= 12
-    assert f"epsilon spent so far {ledger['epsilon']:.4g} at delta 1e-05" in line
+    assert f"epsilon spent so far {format_epsilon(ledger['epsilon'])} at delta 1e-05" in line
     command = shlex.split(line.split("Resume with: ", 1)[1])
     assert command[0] == "dptrain" and command[-2:] == ["hydra.run.dir=run", "train.resume=auto"]
     code, resumed_out, resumed_err = run_in_process(

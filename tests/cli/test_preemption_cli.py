@@ -17,6 +17,7 @@ from dptrain_runner import ENTRY, QUIET, read_json, wait_for
 
 from dptrain.train.checkpoint import load_checkpoint
 from dptrain.train.ledger import load_ledger
+from dptrain.formatting import format_epsilon
 
 LONG_RUN = ["train.epochs=1000", "hardware=cpu", "hydra.run.dir=run", *QUIET]  # ~0.2 s an epoch
 
@@ -67,7 +68,7 @@ def test_sigterm_checkpoints_the_step_reached_and_records_a_preempted_run(
     assert result["epsilon"] == ledger["epsilon"] > 0
     assert result["steps"] == ledger["steps_completed"]
     assert load_checkpoint(run / "checkpoints" / "last.pt")["step"] == result["steps"]
-    assert f"after {result['steps']} steps; epsilon spent so far {ledger['epsilon']:.4g}" in out
+    assert f"after {result['steps']} steps; epsilon spent so far {format_epsilon(ledger['epsilon'])}" in out
 
 
 def test_sigusr1_preempts_with_exit_status_138(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from dptrain_runner import QUIET, run_in_process
 from dptrain.train.checkpoint import load_checkpoint
 from dptrain.train.ledger import epsilon_of, history_from_json, load_ledger
 from tests.data.datasets.on_disk import write_mnist
+from dptrain.formatting import format_epsilon
 
 RUN = ["train.epochs=2", "hardware=cpu", *QUIET,   # digits: 12 logical steps per epoch
        "privacy.reproducible_mechanism=true"]   # an exact replay: same noise and batches
@@ -125,7 +126,7 @@ def test_a_resume_says_where_it_resumed_and_the_epsilon_spent_so_far(
     code, out, err = run_in_process([*RUN, "hydra.run.dir=stopped", "train.resume=auto",
                                      "train.max_steps=13"], tmp_path, monkeypatch, capsys)
     assert code == 0, err
-    assert (f"resumed from stopped/checkpoints/last.pt at step 12, epsilon so far {epsilon:.4g} "
+    assert (f"resumed from stopped/checkpoints/last.pt at step 12, epsilon so far {format_epsilon(epsilon)} "
             "(delta 1e-05)") in out
 
 

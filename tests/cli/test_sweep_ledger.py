@@ -19,6 +19,7 @@ from dptrain.cli.report import sweep_report
 from dptrain.cli.sweep_ledger import SWEEP_LEDGER_FILENAME, sweep_cost, verify_sweep_ledger
 from dptrain.train.ledger import PrivacyLedger
 from dptrain_runner import QUIET, read_json, run_once_in_process
+from dptrain.formatting import format_epsilon
 
 SIGMAS = (1.0, 2.0)
 
@@ -50,7 +51,7 @@ def test_a_sweep_states_that_its_best_job_costs_every_job_composed(sweep):
     assert composed > max(job["epsilon"] for job in jobs)
     summary_cost = read_json(sweep_dir / "sweep_summary.json")["cost_of_best"]
     assert summary_cost["epsilon"] == ledger["epsilon"] and summary_cost["selection"]["rule"] == "all"
-    assert f"releasing the best job costs epsilon {composed:.4g}" in " ".join(printed.split())
+    assert f"releasing the best job costs epsilon {format_epsilon(composed)}" in " ".join(printed.split())
 
 
 def test_the_sweep_ledger_records_each_jobs_ledger_history_hash_and_epsilon(sweep):
@@ -70,7 +71,7 @@ def test_the_privacy_utility_plot_states_the_cost_of_the_best_job(sweep, monkeyp
                         lambda *a, **k: notes.append(k["note"]) or original(*a, **k))
     sweep_report(sweep_dir, tmp_path / "plot.png")
     epsilon = read_json(sweep_dir / SWEEP_LEDGER_FILENAME)["epsilon"]
-    assert notes and f"releasing the best job costs epsilon {epsilon:.4g}" in notes[0]
+    assert notes and f"releasing the best job costs epsilon {format_epsilon(epsilon)}" in notes[0]
 
 
 def test_dptrain_ledger_verifies_the_sweep_ledger_from_the_jobs_ledgers(sweep, capsys):
@@ -174,4 +175,4 @@ def test_the_cost_sentence_states_each_figure_once(sweep):
     sweep_dir, _ = sweep
     ledger = read_json(sweep_dir / SWEEP_LEDGER_FILENAME)
     text = describe_cost(ledger, 2)
-    assert text.count(f"{ledger['epsilon']:.4g}") == 1 and "2 jobs composed" in text
+    assert text.count(format_epsilon(ledger['epsilon'])) == 1 and "2 jobs composed" in text

@@ -139,23 +139,73 @@ def squared_norms_of_one_batch(source: nn.Module, model: nn.Module) -> dict[str,
     return {names[id(p)]: v.detach().clone() for p, v in source.squared_norms().items()}
 
 
+class InPlaceAfterUnit(nn.Module):
+    """A float64 block (an FSDP unit ending in a Linear) whose caller scales its output IN PLACE
+    (`h.mul_(2)`), then a head: backward through the unit needs FSDP's pre-backward hook on the
+    unit's output (which gathers the unit's parameters) to survive the in-place op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.block = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8))
+        self.head = nn.Linear(8, 3)
+        self.double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.block(x)
+        h.mul_(2.0)
+        return self.head(torch.tanh(h))
+
+    @staticmethod
+    def batch() -> tuple[torch.Tensor, torch.Tensor]:
+        """A fixed batch of 4 examples: x [4, 4] float64, y [4]."""
+        g = torch.Generator().manual_seed(SEED)
+        return torch.randn(4, 4, generator=g, dtype=torch.float64), torch.tensor([0, 1, 2, 0])
+
+
+def in_place_norms_of_one_batch(source: nn.Module, model: nn.Module) -> dict[str, torch.Tensor]:
+    """{parameter name: Tensor[4]}: the squared per-example norms `source` gives after one
+    backward of `InPlaceAfterUnit.batch()` (mean loss)."""
+    x, y = InPlaceAfterUnit.batch()
+    nn.functional.cross_entropy(source(x), y).backward()
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: v.detach().clone() for p, v in source.squared_norms().items()}
+
+
+def _recording_view_warnings(fn: Callable[[], Any]) -> tuple[Any, list[str]]:
+    """fn()'s result (or the error it raised, as text: every rank raises alike, so the next
+    case still runs in step) and FSDP's warnings that a unit returned a view, raised meanwhile."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            result = fn()
+        except Exception as error:  # noqa: BLE001 - reported by the test of that case
+            result = f"{type(error).__name__}: {error}"
+    return result, [str(w.message) for w in caught if "returned a view tensor" in str(w.message)]
+
+
 def classifier_norms_worker(rank: int, world_size: int, port: int) -> dict[str, Any]:
     """`squared_norms_of_one_batch` of each `tiny_classifier` sharded one unit per block, then the
-    root, in hooks and in ghost mode: {"kind/mode": norms, or the error it raised (every rank
-    raises alike, so the next case still runs in step)}."""
+    root, and `in_place_norms_of_one_batch` of `InPlaceAfterUnit` (kind "in_place"), in hooks and
+    in ghost mode: {"norms": {"kind/mode": norms, or the error it raised}, "view_warnings":
+    {"kind/mode": FSDP's warnings that a unit returned a view}}."""
     from dptrain.distributed.fsdp import sharded_source
 
     init_gloo(rank, world_size, port)
     norms: dict[str, Any] = {}
-    for kind in CLASSIFIERS:
+    view_warnings: dict[str, list[str]] = {}
+    cases = [(kind, tiny_classifier, classifier_blocks, squared_norms_of_one_batch)
+             for kind in CLASSIFIERS]
+    cases.append(("in_place", lambda _: InPlaceAfterUnit(), lambda m: [m.block],
+                  in_place_norms_of_one_batch))
+    for kind, build, units, norms_of in cases:
         for mode in ("hooks", "ghost"):
-            model = _shard(tiny_classifier(kind), classifier_blocks)
-            try:
-                norms[f"{kind}/{mode}"] = squared_norms_of_one_batch(
-                    sharded_source(model, mode, True, "mean"), model)
-            except Exception as error:  # noqa: BLE001 - reported by the test of that case
-                norms[f"{kind}/{mode}"] = f"{type(error).__name__}: {error}"
-    return {"norms": norms}
+            model = _shard(build(kind), units)
+            norms[f"{kind}/{mode}"], view_warnings[f"{kind}/{mode}"] = _recording_view_warnings(
+                lambda: norms_of(sharded_source(model, mode, True, "mean"), model))
+    return {"norms": norms, "view_warnings": view_warnings}
 
 
 def bert_layers(model: nn.Module) -> list[nn.Module]:

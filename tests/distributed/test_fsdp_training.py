@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 import ddp_workers
 import fsdp_workers as workers
@@ -163,6 +164,44 @@ def test_every_parameters_per_example_norm_of_a_sharded_transformer_is_the_singl
     expected = workers.squared_norms_of_one_batch(wrapper(model), model)
     for rank in classifier_norms:
         norms = rank["norms"][f"{kind}/{mode}"]
+        assert isinstance(norms, dict), norms  # else the error the sharded run raised
+        assert norms.keys() == expected.keys()
+        for name, value in expected.items():
+            torch.testing.assert_close(norms[name], value, rtol=1e-9, atol=1e-15, msg=name)
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+@pytest.mark.parametrize("kind", workers.CLASSIFIERS + ("in_place",))
+def test_no_fsdp_unit_returns_a_view_so_torch_does_not_warn_of_wrong_gradients(
+        classifier_norms, kind, mode):
+    """The per-sample hooks once handed each layer's caller a view of its output, so that FSDP's
+    pre-backward hook ran first; a unit ending in a hooked layer (BERT's LayerNorm, the MLP's
+    Linear) then returned a view and torch warned, on every forward, that "backward [may] fail
+    or produce wrong gradients". They now run after FSDP's hooks without any view."""
+    for rank in classifier_norms:
+        assert rank["view_warnings"][f"{kind}/{mode}"] == []
+
+
+def _micro_batch_squared_norms(model: nn.Module) -> dict[str, torch.Tensor]:
+    """{name: Tensor[4]}: each example's squared gradient norm, from its own backward (float64)."""
+    x, y = workers.InPlaceAfterUnit.batch()
+    norms: dict[str, list[torch.Tensor]] = {n: [] for n, _ in model.named_parameters()}
+    for b in range(len(x)):
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x[b:b + 1]), y[b:b + 1]).backward()
+        for name, p in model.named_parameters():
+            norms[name].append(p.grad.pow(2).sum())
+    return {n: torch.stack(v) for n, v in norms.items()}
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_an_in_place_op_on_a_units_output_keeps_the_per_example_norms_exact(classifier_norms, mode):
+    """`h = unit(x); h.mul_(2)`: with the old view, the in-place op dropped FSDP's pre-backward
+    hook (backward then read the unit's released parameters: "setStorage ... out of bounds");
+    every per-example norm must equal the micro-batch one in float64."""
+    expected = _micro_batch_squared_norms(workers.InPlaceAfterUnit())
+    for rank in classifier_norms:
+        norms = rank["norms"][f"in_place/{mode}"]
         assert isinstance(norms, dict), norms  # else the error the sharded run raised
         assert norms.keys() == expected.keys()
         for name, value in expected.items():

@@ -34,10 +34,11 @@ from dptrain.train.ledger import history_from_json, load_ledger, verify_ledger  
 
 SEQ = 6
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "hf-trainer.md"
-# The page's example on the real MiniLM and the 300 + 100 reviews, two runs (OS entropy): final
-# test accuracy 80 and 59 %, test loss 0.488 and 0.646 (chance: 50 %, ln 2 = 0.693). The
-# thresholds pass both runs measured and still fail a model that learned nothing.
-MIN_PAGE_ACCURACY, MAX_PAGE_LOSS = 0.55, 0.67
+# The page's example on the real MiniLM and the 300 + 100 reviews, seeds 0 to 2: final test
+# accuracy 76, 79 and 73 %, test loss 0.494, 0.496 and 0.509 (chance: 50 %, ln 2 = 0.693; the
+# page's earlier example, without warm-up: 80 and 59 %). The thresholds sit 8 points and 0.09
+# beyond the worst seed, and fail a run that drifted as that 59 % one did (loss 0.646).
+MIN_PAGE_ACCURACY, MAX_PAGE_LOSS = 0.65, 0.60
 
 
 class Reviews(Dataset):
@@ -398,7 +399,7 @@ def test_the_pages_complete_example_runs_as_written_on_a_tiny_bert_and_the_revie
     assert verify_ledger(out).ok and (out / "config.json").is_file()
 
 
-@pytest.mark.slow   # 15 to 30 minutes on a shared CPU core
+@pytest.mark.slow   # 8 to 13 minutes on a shared CPU core (2 runs on 2 cores)
 def test_the_pages_complete_example_learns_the_reviews_it_shows_with_minilm(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The example as written on the real all-MiniLM-L6-v2 weights (the `weights` extra) and

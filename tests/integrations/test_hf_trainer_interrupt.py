@@ -19,6 +19,7 @@ transformers = pytest.importorskip("transformers")
 from dptrain.cli.ledger_cmd import main as ledger_main  # noqa: E402
 from dptrain.integrations.hf_trainer import default_per_example_loss  # noqa: E402
 from dptrain.train.ledger import load_ledger, verify_ledger  # noqa: E402
+from dptrain.formatting import format_epsilon
 
 MAX_STEPS = 30   # one block: the Trainer commits all 30 before the first batch
 
@@ -80,7 +81,7 @@ def test_ctrl_c_inside_a_step_keeps_its_drawn_batch_charged_and_says_why(
            "run stopped (interrupted)")
     warning = " ".join(caplog.text.split())
     assert "PrivateTrainer interrupted after 1 step; its privacy ledger" in warning
-    assert f"charges 2 steps, epsilon {load_ledger(tmp_path)['epsilon']:.4g}" in warning
+    assert f"charges 2 steps, epsilon {format_epsilon(load_ledger(tmp_path)['epsilon'])}" in warning
     assert why in warning and "The other 28 steps committed ahead had no batch drawn" in warning
     result = verify_ledger(tmp_path)
     assert result.ok and result.message == "matches" and result.note == why

@@ -193,3 +193,49 @@ def test_the_precision_option_trains_every_dp_method_at_that_precision(bench, tm
     assert document["settings"]["precision"] == "bf16_weights"
     assert {r["method"]: r["status"] for r in document["results"]} == \
         {"plain": "ok", "dptrain_hooks": "ok", "dptrain_ghost": "ok"}
+
+
+def _figure_records(models: list[str], shortened: bool) -> list[dict]:
+    """Finished records of 2 methods at batch sizes 16 to 1024 for each of `models`."""
+    return [dict(model=model, method=method, batch_size=b, status="ok",
+                 full_epoch_estimate_s=(100 + 2000 / b) * (1 + 0.4 * m),
+                 steps_per_epoch=10 if shortened else 100, dataset_steps_per_epoch=100,
+                 epoch_times_s=[10.0 * (1 + m)] * 3)
+            for model in models for m, method in enumerate(["plain", "dp"])
+            for b in (16, 32, 64, 128, 256, 512, 1024)]
+
+
+@pytest.mark.parametrize("which", ["runtime", "cumulative"])
+def test_the_benchmark_figures_fit_a_papers_text_width_with_plain_readable_ticks(
+        tmp_path, monkeypatch, which: str) -> None:
+    """Four models made a 17-inch row whose 7-point legend printed at 3 points, with batch
+    sizes "2^4" and times "2 x 10^2"; now two panels a row, at most 7 inches wide, text >= 9
+    points, plain numbers never repeated, one legend outside the panels."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+    import _bench_plots
+
+    models = ["mnist_cnn", "cifar10_cnn", "imdb_embedding", "imdb_lstm"]
+    records = _figure_records(models, shortened=True)
+    drawn = []
+    monkeypatch.setattr(_bench_plots, "_save", lambda plt_, fig, path: drawn.append(fig) or path)
+    if which == "runtime":
+        _bench_plots.runtime_figure(records, models, ["plain", "dp"], tmp_path / "f.png")
+    else:
+        _bench_plots.cumulative_figure(records, models, ["plain", "dp"], 256, tmp_path / "f.png")
+    (fig,) = drawn
+    fig.canvas.draw()
+    assert fig.get_size_inches()[0] <= 7.0 and "extrapolated" in fig.get_suptitle()
+    texts = [t for t in fig.findobj(plt.Text) if t.get_text().strip()]
+    assert min(t.get_fontsize() for t in texts) >= 9
+    for ax in fig.axes:
+        for ticks in (ax.get_xticklabels(), ax.get_yticklabels()):
+            labels = [t.get_text() for t in ticks if t.get_text()]
+            assert labels and len(set(labels)) == len(labels), labels
+            assert all(label.replace(".", "").isdigit() for label in labels), labels  # no 10^2
+        assert ax.get_legend() is None   # the figure's one legend, below the panels
+    assert len(fig.legends) == 1
+    if which == "runtime":
+        assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == [
+            "16", "32", "64", "128", "256", "512", "1024"]
+    plt.close(fig)

@@ -25,3 +25,11 @@ def test_every_mechanism_spends_the_same_epsilon_over_the_same_steps(compare, tm
     for run in runs.values():  # each charged by its own accounting, calibrated to the target
         assert 8 * 0.98 <= run["epsilon_spent"][0] <= 8
     assert runs["dpsgd@8"]["sigma"] < runs["banded-2@8"]["sigma"] < runs["blt@8"]["sigma"]
+
+
+def test_the_lines_at_one_epsilon_are_drawn_side_by_side_centred_on_it(compare) -> None:
+    """Five mechanisms' error bars at one epsilon were drawn on top of one another."""
+    factors = [compare.dodge(i, 5) for i in range(5)]
+    assert factors == sorted(factors) and len(set(factors)) == 5
+    assert factors[2] == 1.0 and factors[0] * factors[4] == pytest.approx(1.0)
+    assert max(factors) < 2 ** 0.25   # well inside the octave between two epsilons

@@ -14,6 +14,7 @@ from test_trainer_support import make_job, make_settings, rewrite_history
 
 from dptrain.train.ledger import LEDGER_FILENAME, load_ledger, records_beyond_history, verify_ledger
 from dptrain.train.loop import train
+from dptrain.formatting import format_epsilon
 
 STEPS_PER_EPOCH = 4  # 48 samples, batches of 12: the run takes 12 steps
 
@@ -65,7 +66,7 @@ def test_a_shortened_history_fails_verification_naming_the_metrics_line_beyond_i
     result = verify_ledger(tmp_path)
     assert not result.ok
     assert [record.split(",")[0] for record in result.records] == ["metrics.jsonl line 3: step 12"]
-    assert f"epsilon {data['epsilon']:.6g}" in result.records[0]
+    assert f"epsilon {format_epsilon(data['epsilon'], 6)}" in result.records[0]
 
 
 def test_a_shortened_history_fails_verification_naming_the_pruned_checkpoints_beyond_it(
