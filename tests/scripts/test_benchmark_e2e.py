@@ -204,11 +204,13 @@ def test_the_overhead_table_gives_ms_per_step_and_the_excess_over_plain() -> Non
     assert "5.00 (+3.00)" in _bench_report.overhead_markdown(records)
 
 
-def test_rounds_run_every_configuration_again_and_pool_their_epochs(bench, tmp_path) -> None:
+def test_rounds_run_every_configuration_again_and_pool_their_epochs_on_the_cpu_clock(bench, tmp_path) -> None:
     bench.main(["--models", "one_layer", "--batch-sizes", "8", "--methods", "plain", "dptrain_hooks",
                 "--epochs", "2", "--steps-per-epoch", "3", "--threads", "1", "--rounds", "2",
-                "--out", str(tmp_path)])
-    results = json.loads((tmp_path / "e2e.json").read_text())["results"]
+                "--clock", "cpu", "--out", str(tmp_path)])
+    document = json.loads((tmp_path / "e2e.json").read_text())
+    assert document["settings"]["clock"] == "cpu"
+    results = document["results"]
     assert [(r["model"], r["method"], r["status"]) for r in results] == [
         ("one_layer", "plain", "ok"), ("one_layer", "dptrain_hooks", "ok")]
     for r in results:  # 2 rounds of 2 epochs, the median over all 4
@@ -216,3 +218,12 @@ def test_rounds_run_every_configuration_again_and_pool_their_epochs(bench, tmp_p
         assert r["median_epoch_s"] == pytest.approx(sorted(r["epoch_times_s"])[1:3][0] / 2
                                                     + sorted(r["epoch_times_s"])[1:3][1] / 2)
     assert "ms/step" in (tmp_path / "e2e.md").read_text()
+
+
+def test_the_cpu_clock_is_refused_for_a_gpu_and_times_the_process_cpu_seconds(bench) -> None:
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--clock", "cpu", "--device", "cuda"])
+    import time
+
+    import _bench_worker
+    assert _bench_worker.CLOCKS == {"wall": time.perf_counter, "cpu": time.process_time}
