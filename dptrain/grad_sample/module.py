@@ -356,6 +356,20 @@ class GradSampleModule(nn.Module):
         self._add_hooks()
 
     # ------------------------------------------------------------------ wrapper plumbing
+    #: The hooks' book-keeping, rewritten about a dozen times a step: set as plain attributes.
+    #: nn.Module.__setattr__ first looks each name up among the parameters, submodules and buffers
+    #: (none of these names is ever one of them), a cost that shows on small models.
+    _PLAIN_STATE = frozenset({
+        "_model_depth", "_passes_started", "_eval_pass_with_grad", "_pass", "_provenance",
+        "_in_backward", "_deferred", "_open_groups", "_capture_paused", "_hooks_enabled",
+    })
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._PLAIN_STATE:
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped model unchanged (the call is a new forward pass, see
         :meth:`_enter_model`). A training forward that changes a buffer of the model raises
