@@ -89,7 +89,9 @@ def _provenance(value: Any) -> Any:
         return None
     found = None
     for item in value:
-        mark = _provenance(item)
+        # a tensor's mark read here rather than by a recursive call: this runs for every torch
+        # call of a tracked forward (thousands a step for a recurrent model)
+        mark = getattr(item, _MARK, None) if isinstance(item, Tensor) else _provenance(item)
         if isinstance(mark, BroadcastView):
             return mark
         found = found or mark
@@ -180,7 +182,10 @@ class BatchProvenance(TorchFunctionMode):
             return out
         if isinstance(found, BroadcastView):
             _check_keeps_batch(found, func, args, out)
-        _mark(out)
+        if isinstance(out, Tensor):  # the usual output, marked without the call to _mark
+            setattr(out, _MARK, True)
+        else:
+            _mark(out)
         if _mutates(func) and args:
             _mark_written(args[0])
         if kwargs.get("out") is not None:

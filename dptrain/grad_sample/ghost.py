@@ -132,7 +132,8 @@ class _GhostEntry:
     def release(self) -> None:
         """Drop the stored A and G (the uses and the recorded call's inputs); the norms stay."""
         self.uses.clear()
-        self.call = replace(self.call, args=(), kwargs={}, grads=[])
+        # in place: `call` is this entry's own copy of the recorded call (see _on_backprop)
+        self.call.args, self.call.kwargs, self.call.grads = (), {}, []
         self.released = True
 
     @property

@@ -567,8 +567,11 @@ def dropped_samples(weights: Mapping[Any, Tensor]) -> Optional[Tensor]:
     distinct = list({id(w): w for w in weights.values()}.values())
     if not distinct:
         return None
-    device = distinct[0].device
-    zero = torch.stack([(w == 0).to(device) for w in distinct]).any(dim=0)
+    if len(distinct) == 1:  # flat clipping: one factor tensor for every parameter
+        zero = distinct[0] == 0
+    else:
+        device = distinct[0].device
+        zero = torch.stack([(w == 0).to(device) for w in distinct]).any(dim=0)
     return zero if bool(zero.any()) else None
 
 

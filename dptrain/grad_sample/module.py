@@ -149,7 +149,7 @@ def _trainable_direct(layer: nn.Module) -> list[nn.Parameter]:
     """
     own: list[nn.Parameter] = []
     for p in layer._parameters.values():
-        if p is not None and p.requires_grad and all(p is not q for q in own):
+        if p is not None and p.requires_grad and (not own or all(p is not q for q in own)):
             own.append(p)
     return own
 
@@ -695,7 +695,9 @@ class GradSampleModule(nn.Module):
         flattened tokens, its ``B * T`` rows unflattened to ``[B, T, ...]`` (other tensors as they
         are)."""
         if call.flat is None:
-            return t.movedim(self._batch_dim, 0) if t.dim() > self._batch_dim else t
+            # batch-first (dim 0): t itself, not a movedim(0, 0) view (one kernel call less per
+            # tensor, layer and step)
+            return t.movedim(self._batch_dim, 0) if self._batch_dim and t.dim() > self._batch_dim else t
         if t.dim() == 0 or t.shape[0] != call.flat.rows:
             return t
         return unflatten_tokens(t, call.flat, self.batch_first)
