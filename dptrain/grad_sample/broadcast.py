@@ -103,6 +103,10 @@ def _mark(value: Any, mark: Any = True) -> None:
     if isinstance(value, Tensor):
         setattr(value, _MARK, mark)
         return
+    if type(value) in (tuple, list):  # chunk(), split(): the same leaves, without a pytree walk
+        for item in value:
+            _mark(item, mark)
+        return
     for leaf in tree_leaves(value):
         if isinstance(leaf, Tensor):
             setattr(leaf, _MARK, mark)

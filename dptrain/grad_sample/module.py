@@ -516,7 +516,7 @@ class GradSampleModule(nn.Module):
         """The body of :meth:`_capture`."""
         if not self._capturing(layer):
             return None
-        leaves = tree_leaves(output)
+        leaves = [output] if type(output) is Tensor else tree_leaves(output)  # one tensor: no walk
         out_leaves = [i for i, t in enumerate(leaves) if isinstance(t, Tensor) and t.requires_grad]
         outputs = [leaves[i] for i in out_leaves]
         if not outputs:
@@ -546,7 +546,7 @@ class GradSampleModule(nn.Module):
             out_shapes=[t.shape for t in outputs],
             out_dtypes=[t.dtype for t in outputs],
             grads=[None] * len(outputs),
-            group=forward_pass.uses.setdefault(id(layer), UseGroup()),
+            group=forward_pass.uses.get(id(layer)) or forward_pass.uses.setdefault(id(layer), UseGroup()),
             flat=flat,
         )
         call.group.expected += 1
