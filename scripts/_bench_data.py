@@ -23,6 +23,7 @@ DATASETS: dict[str, tuple[str, int]] = {
     "digits_mlp": ("digits", 1_797),
     "resnet18": ("CIFAR-10", 50_000),
     "transformer": ("synthetic LM (T=256, vocab 32k)", 25_000),
+    "one_layer": ("synthetic, 10 features, 2 classes", 6_400),  # the fixed per-step cost alone
     **HF_DATASETS,  # Hugging Face BERT-base / GPT-2-small shapes, full and LoRA (_bench_hf)
 }
 
@@ -30,6 +31,10 @@ DATASETS: dict[str, tuple[str, int]] = {
 MODEL_KWARGS: dict[str, dict] = {
     "transformer": {"vocab_size": 32_000, "seq_len": 256, "n_layer": 6, "n_embd": 512, "n_head": 8},
 }
+
+#: Input features of ``one_layer``: one nn.Linear(10, 2), whose step is almost all fixed cost
+#: (hooks, clipping and noise book-keeping, optimizer), the overhead that dominates small models.
+ONE_LAYER_FEATURES = 10
 
 #: Distinct random batches cycled through during timing (enough to defeat any caching).
 POOL_SIZE = 2
@@ -67,6 +72,8 @@ def build_model(model: str, **overrides) -> nn.Module:
     """The benchmarked model ``model`` (``overrides``: e.g. ``layers`` of a Hugging Face model)."""
     if model in HF_MODELS:
         return build_hf_model(model, **overrides)
+    if model == "one_layer":  # one nn.Linear(10, 2): almost no arithmetic, the per-step cost shows
+        return nn.Linear(ONE_LAYER_FEATURES, 2)
     return get_model(model, **{**MODEL_KWARGS.get(model, {}), **overrides})
 
 
@@ -77,5 +84,9 @@ def batch_pool(
     generator = torch.Generator().manual_seed(seed)
     if model in HF_MODELS:
         return [hf_batch(model, batch_size, generator, device) for _ in range(POOL_SIZE)]
+    if model == "one_layer":
+        return [(torch.randn(batch_size, ONE_LAYER_FEATURES, generator=generator).to(device),
+                 torch.randint(0, 2, (batch_size,), generator=generator).to(device))
+                for _ in range(POOL_SIZE)]
     spec = input_spec(model, **MODEL_KWARGS.get(model, {}))
     return [spec.batch(batch_size, generator, device=device) for _ in range(POOL_SIZE)]

@@ -107,7 +107,8 @@ def _markdown(headers: list[str], rows: list[list[str]]) -> str:
 def markdown_table(records: list[dict]) -> str:
     """The ratio summary, then every configuration, in GitHub Markdown (for docs/benchmarks.md)."""
     return (_markdown(SUMMARY_HEADERS, summary_rows(records)) + "\n"
-            + _markdown(HEADERS, [_row(records, r) for r in records]))
+            + _markdown(HEADERS, [_row(records, r) for r in records]) + "\n"
+            + overhead_markdown(records))
 
 
 def fastest_private(records: list[dict], model: str, batch_size: int) -> str:
@@ -153,3 +154,36 @@ def summary_table(records: list[dict], title: str) -> Table:
     for row in summary_rows(records):
         table.add_row(*row)
     return table
+
+
+#: Methods whose per-step time the overhead table compares with plain PyTorch's.
+OVERHEAD_METHODS = ("dptrain_hooks", "dptrain_ghost", "opacus_hooks", "opacus_ghost")
+OVERHEAD_HEADERS = ["model", "B", "plain ms/step",
+                    *(f"{m} ms/step (+ over plain)" for m in OVERHEAD_METHODS)]
+
+
+def step_ms(record: dict) -> float | None:
+    """A record's median epoch time per step, in milliseconds (None when it did not finish)."""
+    if record["status"] != "ok" or not record["median_epoch_s"]:
+        return None
+    return 1e3 * record["median_epoch_s"] / record["steps_per_epoch"]
+
+
+def overhead_rows(records: list[dict]) -> list[list[str]]:
+    """Per model and batch size: plain PyTorch's ms per step, and each DP method's with its excess
+    over plain (the per-step overhead: on a one-layer model, nearly all of the DP step)."""
+    rows = []
+    for model, batch_size in dict.fromkeys((r["model"], r["batch_size"]) for r in records):
+        ms = {r["method"]: step_ms(r) for r in records
+              if r["model"] == model and r["batch_size"] == batch_size}
+        plain = ms.get("plain")
+        cells = [_fmt(ms.get(m), "{:.2f}") + ("" if ms.get(m) is None or plain is None
+                                               else f" (+{ms[m] - plain:.2f})")
+                 for m in OVERHEAD_METHODS]
+        rows.append([model, str(batch_size), _fmt(plain, "{:.2f}"), *cells])
+    return rows
+
+
+def overhead_markdown(records: list[dict]) -> str:
+    """The per-step overhead table in GitHub Markdown."""
+    return _markdown(OVERHEAD_HEADERS, overhead_rows(records))

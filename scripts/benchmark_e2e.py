@@ -23,6 +23,18 @@ Example (the CPU run of docs/benchmarks.md)::
 
     python scripts/benchmark_e2e.py --batch-sizes 64 256 1024 --epochs 3 --steps-per-epoch 5
 
+The per-step overhead (docs/benchmarks.md, "Per-step overhead"): ``one_layer`` is one
+``nn.Linear(10, 2)``, whose DP step is nearly all fixed cost; ``--rounds`` runs every
+configuration several times in turn and takes the median over all rounds; the last table printed
+(and ``e2e.md``) gives each method's milliseconds per step and its excess over plain PyTorch::
+
+    python scripts/benchmark_e2e.py --models one_layer mnist_cnn cifar10_cnn imdb_embedding \
+        imdb_lstm --batch-sizes 64 256 --methods plain dptrain_hooks dptrain_ghost opacus_hooks \
+        --epochs 3 --steps-per-epoch 40 --threads 1 --rounds 3 --clock cpu
+
+(``--clock cpu``: each epoch's CPU seconds rather than its elapsed time, which on a machine shared
+with other jobs mostly measures the others.)
+
 Hugging Face models (``bert_base``, ``gpt2_small`` and their ``*_lora`` variants, ``_bench_hf``;
 ``pip install "dptrain[hf]"``): ``--hf-layers`` shortens their 12-layer stacks for a CPU run, and
 the layer rules and each layer's ghost/instantiate choice are printed and saved as
@@ -60,6 +72,7 @@ sys.path.insert(0, str(SCRIPTS))
 
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
 
 from _bench_data import DATASETS, Workload, workload  # noqa: E402
 from _bench_hf import HF_MODELS, layer_choices  # noqa: E402
@@ -68,8 +81,10 @@ from _bench_plots import (  # noqa: E402
     MATPLOTLIB_MISSING, cumulative_figure, default_cumulative_batch, finished_records,
     matplotlib_available, runtime_figure,
 )
-from _bench_report import make_record, markdown_table, rich_table, summary_table  # noqa: E402
-from _bench_worker import Config, child_main  # noqa: E402
+from _bench_report import (  # noqa: E402
+    make_record, markdown_table, overhead_rows, rich_table, summary_table, OVERHEAD_HEADERS,
+)
+from _bench_worker import CLOCKS, Config, child_main  # noqa: E402
 
 PAPER_MODELS = ["mnist_cnn", "cifar10_cnn", "imdb_embedding", "imdb_lstm"]
 FAILED = ("oom", "timeout")
@@ -86,6 +101,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=3, help="epochs per configuration (paper: 20)")
     p.add_argument("--steps-per-epoch", type=int, default=5,
                    help="steps timed per epoch; 0 = a real epoch, ceil(dataset size / B)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="runs of every configuration, in turn (each in its own process); a "
+                        "record's median is over the epochs of all its rounds")
+    p.add_argument("--clock", default="wall", choices=sorted(CLOCKS),
+                   help="epoch times in elapsed seconds (wall) or in the process's CPU seconds "
+                        "(cpu: on a machine shared with other jobs, a one-thread run's time on an "
+                        "idle core; CPU only)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i]")
     p.add_argument("--threads", type=int, default=torch.get_num_threads(),
                    help="torch intra-op threads per configuration")
@@ -106,8 +128,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "hardware.precision=bf16")
     p.add_argument("--out", type=Path, default=Path("benchmark_results"), help="output folder")
     args = p.parse_args(argv)
-    if min(args.batch_sizes) < 1 or args.epochs < 1 or args.steps_per_epoch < 0:
-        p.error("--batch-sizes and --epochs must be >= 1, --steps-per-epoch >= 0")
+    if min(args.batch_sizes) < 1 or min(args.epochs, args.rounds) < 1 or args.steps_per_epoch < 0:
+        p.error("--batch-sizes, --epochs and --rounds must be >= 1, --steps-per-epoch >= 0")
+    if args.clock == "cpu" and args.device != "cpu":
+        p.error("--clock cpu times the process's CPU work: use it with --device cpu")
     if args.memory_limit_mb is None and args.device == "cpu":
         args.memory_limit_mb = 0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
     return args
@@ -191,19 +215,36 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def sweep(args: argparse.Namespace, console: Console) -> list[dict]:
-    """Every model x batch size x method, smallest batch first; returns the JSON records."""
-    records: list[dict] = []
+    """Every model x batch size x method, smallest batch first, ``args.rounds`` times in turn
+    (round r of every configuration before round r + 1: a change of the machine's load falls on
+    all methods alike); returns the JSON records, each with the epoch times of all rounds."""
     failed_at: dict[tuple[str, str], str] = {}
-    for model in args.models:
-        for batch_size in sorted(args.batch_sizes):
-            work = workload(model, batch_size, args.steps_per_epoch or None)
-            for method in args.methods:
-                record = _run_one(args, work, method, failed_at)
-                records.append(asdict(record))
-                console.print(f"{model:15} B={batch_size:<5} {method:14} {record.status:8} "
-                              f"median {record.median_epoch_s or float('nan'):.3f} s"
-                              + (f"  ({record.error})" if record.error else ""))
-    return records
+    runs: dict[tuple[str, int, str], list] = {}
+    for round_ in range(args.rounds):
+        for model in args.models:
+            for batch_size in sorted(args.batch_sizes):
+                work = workload(model, batch_size, args.steps_per_epoch or None)
+                for method in args.methods:
+                    record = _run_one(args, work, method, failed_at)
+                    runs.setdefault((model, batch_size, method), []).append(record)
+                    console.print(f"{model:15} B={batch_size:<5} {method:14} {record.status:8} "
+                                  f"median {record.median_epoch_s or float('nan'):.3f} s"
+                                  + (f"  round {round_ + 1}/{args.rounds}" if args.rounds > 1 else "")
+                                  + (f"  ({record.error})" if record.error else ""))
+    return [asdict(_pooled(rounds)) for rounds in runs.values()]
+
+
+def _pooled(rounds: list):
+    """One record from a configuration's rounds: the epoch times of the rounds that ran (the
+    median is taken over all of them), or the last round's record when none ran."""
+    done = [r for r in rounds if r.status == "ok"]
+    if len(rounds) == 1 or not done:
+        return rounds[-1]
+    first = done[0]
+    work = Workload(first.model, first.batch_size, first.dataset_steps_per_epoch, first.steps_per_epoch)
+    times = [t for r in done for t in r.epoch_times_s]
+    return make_record(work, first.method, first.epochs * len(done), "ok", times,
+                       max(r.peak_memory_mb or 0.0 for r in done) or None)
 
 
 def _run_one(args: argparse.Namespace, work: Workload, method: str, failed_at: dict):
@@ -221,7 +262,7 @@ def _run_one(args: argparse.Namespace, work: Workload, method: str, failed_at: d
         noise_multiplier=args.noise_multiplier, max_grad_norm=args.max_grad_norm,
         memory_limit_mb=args.memory_limit_mb,
         model_kwargs={"layers": args.hf_layers} if work.model in HF_MODELS else {},
-        precision=args.precision,
+        precision=args.precision, clock=args.clock,
     )
     status, times, memory, error = run_config(config, args.timeout_s)
     if status in FAILED:
@@ -286,6 +327,16 @@ def write_outputs(args: argparse.Namespace, records: list[dict], console: Consol
     return document
 
 
+def overhead_table(records: list[dict]) -> Table:
+    """Milliseconds per step of each method, and its excess over plain PyTorch's."""
+    table = Table(title="Per-step time, ms (in parentheses: the excess over plain PyTorch)")
+    for header in OVERHEAD_HEADERS:
+        table.add_column(header, justify="left" if header == "model" else "right")
+    for row in overhead_rows(records):
+        table.add_row(*row)
+    return table
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     console = Console()
@@ -299,10 +350,11 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         signal.signal(signal.SIGTERM, previous)
     document = write_outputs(args, records, console, hf_layer_choices(args, console))
-    label = (f"{args.device}, {args.precision}, {args.threads} threads, "
+    label = (f"{args.device}, {args.precision}, {args.threads} threads, {args.clock} clock, "
              f"{args.steps_per_epoch or 'full'} steps/epoch")
     console.print(rich_table(records, f"End-to-end DP-SGD epoch time ({label})"))
     console.print(summary_table(records, "Time multiples (< 1: dptrain faster)"))
+    console.print(overhead_table(records))
     skipped = document["skipped_figures"]
     console.print(f"written to {args.out}/ ({', '.join(document['written'])})"
                   + (f"; skipped: {', '.join(skipped)} (see above)" if skipped else ""))

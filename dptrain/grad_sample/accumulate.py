@@ -204,8 +204,11 @@ class PerPassStore:
 
     def _as_views(self, full: Tensor) -> dict[int, _Chunk]:
         """Split a materialized tensor back into per-block views (not owned: added out of place)."""
+        blocks = self._ordered_blocks()
+        if len(blocks) == 1:  # the usual case: the block is the whole tensor (no view to make)
+            return {blocks[0][0]: _Chunk(full, owned=False)}
         views, start = {}, 0
-        for block, batch in self._ordered_blocks():
+        for block, batch in blocks:
             views[block] = _Chunk(full[start : start + batch], owned=False)
             start += batch
         return views

@@ -89,7 +89,9 @@ def _provenance(value: Any) -> Any:
         return None
     found = None
     for item in value:
-        mark = _provenance(item)
+        # a tensor's mark read here rather than by a recursive call: this runs for every torch
+        # call of a tracked forward (thousands a step for a recurrent model)
+        mark = getattr(item, _MARK, None) if isinstance(item, Tensor) else _provenance(item)
         if isinstance(mark, BroadcastView):
             return mark
         found = found or mark
@@ -100,6 +102,10 @@ def _mark(value: Any, mark: Any = True) -> None:
     """Mark every tensor in ``value`` (a tensor, or nested tuples, lists, dicts)."""
     if isinstance(value, Tensor):
         setattr(value, _MARK, mark)
+        return
+    if type(value) in (tuple, list):  # chunk(), split(): the same leaves, without a pytree walk
+        for item in value:
+            _mark(item, mark)
         return
     for leaf in tree_leaves(value):
         if isinstance(leaf, Tensor):
@@ -180,7 +186,10 @@ class BatchProvenance(TorchFunctionMode):
             return out
         if isinstance(found, BroadcastView):
             _check_keeps_batch(found, func, args, out)
-        _mark(out)
+        if isinstance(out, Tensor):  # the usual output, marked without the call to _mark
+            setattr(out, _MARK, True)
+        else:
+            _mark(out)
         if _mutates(func) and args:
             _mark_written(args[0])
         if kwargs.get("out") is not None:

@@ -132,7 +132,8 @@ class _GhostEntry:
     def release(self) -> None:
         """Drop the stored A and G (the uses and the recorded call's inputs); the norms stay."""
         self.uses.clear()
-        self.call = replace(self.call, args=(), kwargs={}, grads=[])
+        # in place: `call` is this entry's own copy of the recorded call (see _on_backprop)
+        self.call.args, self.call.kwargs, self.call.grads = (), {}, []
         self.released = True
 
     @property
@@ -213,11 +214,14 @@ class GhostClippingModule(GradSampleModule):
                 return None
             params = _trainable_direct(layer)
             for p in params:
-                self._grad_before.setdefault(id(p), _grad_state(p))
+                if id(p) not in self._grad_before:  # its state at its first captured forward
+                    self._grad_before[id(p)] = _grad_state(p)
                 p.requires_grad_(False)
             self._frozen_by_us[id(layer)] = params
             floating = [a for a in args if isinstance(a, Tensor) and a.is_floating_point()]
-            if get_output_gradient(layer) is None or not floating or any(a.requires_grad for a in floating):
+            # the registry's lookup last: an input that requires grad settles it (every call of
+            # a recurrent layer's pieces but the first)
+            if not floating or any(a.requires_grad for a in floating) or get_output_gradient(layer) is None:
                 return None
             first = next(i for i, a in enumerate(args) if a is floating[0])
         attached = _AttachInput.apply(self._anchor, args[first])  # tracked: the pass's provenance

@@ -523,7 +523,8 @@ def sq_norms(per_sample: Tensor) -> Tensor:
     16-bit rows are converted to float32 by chunks (:func:`promoted_rows`) so that the norm of the
     very values :func:`weighted_sample_sum` adds up is taken in float32, not rounded to 16 bits.
     """
-    return torch.cat([torch.linalg.vector_norm(rows, dim=1) for rows in promoted_rows(per_sample)]).square()
+    norms = [torch.linalg.vector_norm(rows, dim=1) for rows in promoted_rows(per_sample)]
+    return (norms[0] if len(norms) == 1 else torch.cat(norms)).square()  # one chunk: no copy
 
 
 def weighted_outer_sum(activations: Tensor, backprops: Tensor, weights: Tensor) -> Tensor:
@@ -566,8 +567,11 @@ def dropped_samples(weights: Mapping[Any, Tensor]) -> Optional[Tensor]:
     distinct = list({id(w): w for w in weights.values()}.values())
     if not distinct:
         return None
-    device = distinct[0].device
-    zero = torch.stack([(w == 0).to(device) for w in distinct]).any(dim=0)
+    if len(distinct) == 1:  # flat clipping: one factor tensor for every parameter
+        zero = distinct[0] == 0
+    else:
+        device = distinct[0].device
+        zero = torch.stack([(w == 0).to(device) for w in distinct]).any(dim=0)
     return zero if bool(zero.any()) else None
 
 
@@ -601,9 +605,13 @@ def weighted_sample_sum(per_sample: Tensor, weights: Tensor, dropped: Optional[T
     bf16), above the clipping bound. The rows of the ``dropped`` samples (``Tensor[B]`` bool, see
     :func:`dropped_samples`) are zeroed first (their values may be NaN); None: every row counts.
     """
+    chunks = promoted_rows(per_sample)
+    if len(chunks) == 1 and dropped is None and weights.shape[0] == chunks[0].shape[0]:
+        # the usual case: one product, no slicing
+        return (weights.to(chunks[0].dtype) @ chunks[0]).view(per_sample.shape[1:])
     total = None
     start = 0
-    for rows in promoted_rows(per_sample):
+    for rows in chunks:
         if dropped is not None:
             rows = without_rows(rows, dropped[start : start + rows.shape[0]])
         part = weights[start : start + rows.shape[0]].to(rows.dtype) @ rows

@@ -149,7 +149,7 @@ def _trainable_direct(layer: nn.Module) -> list[nn.Parameter]:
     """
     own: list[nn.Parameter] = []
     for p in layer._parameters.values():
-        if p is not None and p.requires_grad and all(p is not q for q in own):
+        if p is not None and p.requires_grad and (not own or all(p is not q for q in own)):
             own.append(p)
     return own
 
@@ -381,6 +381,20 @@ class GradSampleModule(nn.Module):
         self._add_hooks()
 
     # ------------------------------------------------------------------ wrapper plumbing
+    #: The hooks' book-keeping, rewritten about a dozen times a step: set as plain attributes.
+    #: nn.Module.__setattr__ first looks each name up among the parameters, submodules and buffers
+    #: (none of these names is ever one of them), a cost that shows on small models.
+    _PLAIN_STATE = frozenset({
+        "_model_depth", "_passes_started", "_eval_pass_with_grad", "_pass", "_provenance",
+        "_in_backward", "_deferred", "_open_groups", "_capture_paused", "_hooks_enabled",
+    })
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._PLAIN_STATE:
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped model unchanged (the call is a new forward pass, see
         :meth:`_enter_model`). A training forward that changes a buffer of the model raises
@@ -521,7 +535,7 @@ class GradSampleModule(nn.Module):
         """The body of :meth:`_capture`."""
         if not self._capturing(layer):
             return None
-        leaves = tree_leaves(output)
+        leaves = [output] if type(output) is Tensor else tree_leaves(output)  # one tensor: no walk
         out_leaves = [i for i, t in enumerate(leaves) if isinstance(t, Tensor) and t.requires_grad]
         outputs = [leaves[i] for i in out_leaves]
         if not outputs:
@@ -551,7 +565,7 @@ class GradSampleModule(nn.Module):
             out_shapes=[t.shape for t in outputs],
             out_dtypes=[t.dtype for t in outputs],
             grads=[None] * len(outputs),
-            group=forward_pass.uses.setdefault(id(layer), UseGroup()),
+            group=forward_pass.uses.get(id(layer)) or forward_pass.uses.setdefault(id(layer), UseGroup()),
             flat=flat,
         )
         call.group.expected += 1
@@ -700,7 +714,9 @@ class GradSampleModule(nn.Module):
         flattened tokens, its ``B * T`` rows unflattened to ``[B, T, ...]`` (other tensors as they
         are)."""
         if call.flat is None:
-            return t.movedim(self._batch_dim, 0) if t.dim() > self._batch_dim else t
+            # batch-first (dim 0): t itself, not a movedim(0, 0) view (one kernel call less per
+            # tensor, layer and step)
+            return t.movedim(self._batch_dim, 0) if self._batch_dim and t.dim() > self._batch_dim else t
         if t.dim() == 0 or t.shape[0] != call.flat.rows:
             return t
         return unflatten_tokens(t, call.flat, self.batch_first)

@@ -79,14 +79,23 @@ class PerSampleSource(Protocol):
 ScalarNoise = Callable[[float], float]
 
 
-def total_norms(squared: dict[nn.Parameter, Tensor]) -> Tensor:
+def squared_totals(squared: dict[nn.Parameter, Tensor]) -> Tensor:
+    """Per-sample squared L2 norm over all parameters, sum_p squared[p]: Tensor[B] float64.
+
+    Accumulated in float64: a float32 sum of K terms could round down by up to ~K ulps (more than
+    the clipping margin), and no float32 sum of them can overflow there.
+    """
+    return torch.stack([t.double() for t in squared.values()]).sum(dim=0)
+
+
+def total_norms(squared: dict[nn.Parameter, Tensor], totals: Tensor | None = None) -> Tensor:
     """Per-sample L2 norm over all parameters: sqrt(sum_p squared[p]); Tensor[B], float32/64.
 
-    Float64 if any input is, else float32; the sum over the K parameters is accumulated in float64
-    (a float32 sum of K terms could round down by up to ~K ulps, more than the clipping margin).
+    Float64 if any input is, else float32, from the float64 `squared_totals` (`totals`: those
+    of `squared`, when the caller already has them).
     """
     dtype = torch.float64 if any(t.dtype == torch.float64 for t in squared.values()) else torch.float32
-    return torch.stack([t.double() for t in squared.values()]).sum(dim=0).sqrt().to(dtype)
+    return (squared_totals(squared) if totals is None else totals).sqrt().to(dtype)
 
 
 def layer_norms(squared: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
@@ -114,7 +123,14 @@ def finite_samples(squared: dict[nn.Parameter, Tensor]) -> Tensor:
     clipped sum. The squared norms are added in float64 (no float32 sum can overflow there), so a
     sample is kept exactly when its squared total norm is finite.
     """
-    return torch.isfinite(torch.stack([t.double() for t in squared.values()]).sum(dim=0))
+    return finite_totals(squared_totals(squared))
+
+
+def finite_totals(totals: Tensor) -> Tensor:
+    """Tensor[B] bool: which float64 `squared_totals` are finite. `|x| < inf` is
+    `torch.isfinite(x)` (False for NaN and +-inf, True otherwise) in two kernels instead of
+    four: part of the fixed cost of a step."""
+    return totals.abs() < math.inf
 
 
 def excluded_as_infinite(squared: dict[nn.Parameter, Tensor], kept: Tensor) -> dict[nn.Parameter, Tensor]:
@@ -157,17 +173,41 @@ class Clipper(ABC):
         """
         squared = source.squared_norms()
         check_width(source, "squared_norms", squared)
-        kept = finite_samples(squared)
-        self.excluded = self.excluded + (~kept).sum()  # a tensor: no wait for the accelerator
-        factors = self.factors(excluded_as_infinite(squared, kept))
-        # 0, not whatever a factors() override makes of an infinite norm
-        sums = source.weighted_sum({p: f.masked_fill(~kept.to(f.device), 0.0) for p, f in factors.items()})
+        totals = squared_totals(squared)
+        kept = finite_totals(totals)  # = finite_samples(squared), the sum formed once
+        excluded = (~kept).sum()
+        self.excluded = self.excluded + excluded  # a tensor: no wait for the accelerator
+        if not bool(excluded):
+            # The usual case, and the same values as below: with every sample kept both masks
+            # are all False. Skipping them saves 2 K + 2 small ops a step (K parameters), a
+            # fixed cost that dominates small models; the one wait for the accelerator here
+            # comes just before the source's own (dropped_samples). The factors may reuse the
+            # float64 totals of these very norms (`_total_norms`).
+            self._known_totals = (squared, totals)
+            try:
+                sums = source.weighted_sum(self.factors(squared))
+            finally:
+                self._known_totals = None
+        else:
+            factors = self.factors(excluded_as_infinite(squared, kept))
+            # 0, not whatever a factors() override makes of an infinite norm
+            sums = source.weighted_sum({p: f.masked_fill(~kept.to(f.device), 0.0)
+                                        for p, f in factors.items()})
         check_width(source, "weighted_sum", sums)
         return sums
 
     #: Samples of the logical batch being clipped that were excluded for a non-finite norm
     #: (an int or a 0-dim tensor): private, like every statistic of the training data.
     excluded: Tensor | int = 0
+
+    #: (squared, squared_totals(squared)) while `clip` asks for the factors of `squared`
+    _known_totals: tuple[dict[nn.Parameter, Tensor], Tensor] | None = None
+
+    def _total_norms(self, squared: dict[nn.Parameter, Tensor]) -> Tensor:
+        """`total_norms(squared)`, from the float64 totals `clip` formed for these very norms
+        when it has them (the same values: one stack and sum less a step)."""
+        known = self._known_totals
+        return total_norms(squared, known[1] if known is not None and known[0] is squared else None)
 
     def pop_excluded(self) -> Tensor | int:
         """The samples excluded since the last call (`excluded`: a 0-dim tensor, or 0), which is
@@ -208,7 +248,7 @@ class FlatClipper(Clipper):
         return self._bound
 
     def factors(self, squared: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
-        factor = clip_factors(total_norms(squared), self._bound)
+        factor = clip_factors(self._total_norms(squared), self._bound)
         return {p: factor for p in squared}
 
 
@@ -292,7 +332,7 @@ class AdaptiveClipper(FlatClipper):
         self.centred_count = 0.0
 
     def factors(self, squared: dict[nn.Parameter, Tensor]) -> dict[nn.Parameter, Tensor]:
-        norms = total_norms(squared)
+        norms = self._total_norms(squared)
         unclipped = float((norms <= self._bound).sum())
         # sum of 1[norm <= C] - 1/2 over the samples present: an excluded one (+inf, see
         # Clipper.clip) adds 0, as if it had not been sampled (|u| <= 1/2 still)

@@ -181,3 +181,14 @@ def test_a_source_returning_16_bit_clipped_sums_is_refused_naming_weighted_sum()
     source.capture({p: torch.randn(4, *p.shape).to(torch.bfloat16) for p in model.parameters()})
     with pytest.raises(PrivacyError, match=r"_SixteenBitSums\.weighted_sum returned torch\.bfloat16"):
         FlatClipper(1.0).clip(source)
+
+
+def test_the_finite_test_of_squared_totals_is_torch_isfinite_for_every_float64_class() -> None:
+    """`finite_totals` (|x| < inf, two kernels) keeps exactly the samples `torch.isfinite` keeps:
+    NaN and both infinities out; zeros, subnormals, the largest float64 and negatives in."""
+    from dptrain.privacy.clipping import finite_totals
+
+    tiny, big = torch.finfo(torch.float64).tiny, torch.finfo(torch.float64).max
+    totals = torch.tensor([0.0, -0.0, tiny / 4, tiny, 1.0, big, -big, math.inf, -math.inf, math.nan],
+                          dtype=torch.float64)
+    assert torch.equal(finite_totals(totals), torch.isfinite(totals))

@@ -239,3 +239,37 @@ def test_the_benchmark_figures_fit_a_papers_text_width_with_plain_readable_ticks
         assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == [
             "16", "32", "64", "128", "256", "512", "1024"]
     plt.close(fig)
+
+
+def test_the_overhead_table_gives_ms_per_step_and_the_excess_over_plain() -> None:
+    records = [record("plain", 0.02), record("dptrain_hooks", 0.05), record("opacus_hooks", None, "oom")]
+    row = _bench_report.overhead_rows(records)[0]  # 10 steps an epoch: 2 ms, 5 ms a step
+    assert row[:3] == ["mnist_cnn", "600", "2.00"]
+    assert row[_bench_report.OVERHEAD_HEADERS.index("dptrain_hooks ms/step (+ over plain)")] == "5.00 (+3.00)"
+    assert row[_bench_report.OVERHEAD_HEADERS.index("opacus_hooks ms/step (+ over plain)")] == "-"
+    assert "5.00 (+3.00)" in _bench_report.overhead_markdown(records)
+
+
+def test_rounds_run_every_configuration_again_and_pool_their_epochs_on_the_cpu_clock(bench, tmp_path) -> None:
+    bench.main(["--models", "one_layer", "--batch-sizes", "8", "--methods", "plain", "dptrain_hooks",
+                "--epochs", "2", "--steps-per-epoch", "3", "--threads", "1", "--rounds", "2",
+                "--clock", "cpu", "--out", str(tmp_path)])
+    document = json.loads((tmp_path / "e2e.json").read_text())
+    assert document["settings"]["clock"] == "cpu"
+    results = document["results"]
+    assert [(r["model"], r["method"], r["status"]) for r in results] == [
+        ("one_layer", "plain", "ok"), ("one_layer", "dptrain_hooks", "ok")]
+    for r in results:  # 2 rounds of 2 epochs, the median over all 4
+        assert r["epochs"] == 4 and len(r["epoch_times_s"]) == 4
+        assert r["median_epoch_s"] == pytest.approx(sorted(r["epoch_times_s"])[1:3][0] / 2
+                                                    + sorted(r["epoch_times_s"])[1:3][1] / 2)
+    assert "ms/step" in (tmp_path / "e2e.md").read_text()
+
+
+def test_the_cpu_clock_is_refused_for_a_gpu_and_times_the_process_cpu_seconds(bench) -> None:
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--clock", "cpu", "--device", "cuda"])
+    import time
+
+    import _bench_worker
+    assert _bench_worker.CLOCKS == {"wall": time.perf_counter, "cpu": time.process_time}
