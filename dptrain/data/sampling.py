@@ -91,11 +91,12 @@ class PoissonBatchSampler(Sampler[list[int]]):
             return self.sample_rate
         index = self.batches_drawn
         if self._scheduled is None or self._scheduled[0] != index:
-            self._scheduled = (index, self._rate_at(index))
+            self._scheduled = (index, self.rate_at(index))
         return self._scheduled[1]
 
-    def _rate_at(self, index: int) -> float:
-        """q the schedule gives batch `index` (counted over every batch drawn), checked."""
+    def rate_at(self, index: int) -> float:
+        """q the schedule gives batch `index` (counted over every batch drawn), checked: the one
+        evaluator of a sample-rate schedule."""
         if self.sample_rate_schedule is None:
             return self.sample_rate
         return check_sample_rate(self.sample_rate_schedule(index),
@@ -110,7 +111,7 @@ class PoissonBatchSampler(Sampler[list[int]]):
         rates = list(self.pending_rates)[:count]
         index = self.batches_drawn
         while len(rates) < count:
-            rates.append(self._rate_at(index))
+            rates.append(self.rate_at(index))
             index += 1
         return rates
 
@@ -188,9 +189,12 @@ class ShuffleBatchSampler(PoissonBatchSampler):
         current = self.handed_out // self.steps
         self._orders = {e: o for e, o in self._orders.items() if e >= current}
         if epoch not in self._orders:
-            order = torch.argsort(uniform(self.num_samples, self.generator, self.secure))
-            self._orders[epoch] = order.tolist()
+            self._orders[epoch] = self._draw_epoch()
         return self._orders[epoch]
+
+    def _draw_epoch(self) -> list[int]:
+        """A new epoch's order: a permutation of range(N) (argsort of N uniforms)."""
+        return torch.argsort(uniform(self.num_samples, self.generator, self.secure)).tolist()
 
     def draw(self) -> list[int]:
         """The next batch: slice (batches_drawn mod steps) of its epoch's shuffle."""

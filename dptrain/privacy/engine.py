@@ -584,11 +584,8 @@ class PrivacyEngine:
         selection schedule as the private loader's sampler (its one evaluator) draws batch
         `step` with it, else the sampler's q (a caller's own loader: the plan's q)."""
         sampler = getattr(self.data_loader, "poisson_sampler", None)
-        schedule = getattr(sampler, "sample_rate_schedule", None)
-        if schedule is not None:
-            return check_sample_rate(schedule(step), f"sample_rate_schedule (value at step {step})")
         if sampler is not None:
-            return float(sampler.sample_rate)
+            return sampler.rate_at(step)
         return float(self.plan.selection.sample_rate)
 
     def get_epsilon(self, delta: float) -> float:

@@ -260,12 +260,6 @@ def selection_for(noise: Noise, sample_rate: float, kind: str | None = None,
                              bands=noise_bands(noise))
 
 
-def check_selection_fits_noise(selection: Selection, noise: Noise) -> None:
-    """ConfigError when the noise strategy cannot be accounted with the batch selection (the
-    selection's own rule: `Selection.check_noise`)."""
-    selection.check_noise(noise.strategy)
-
-
 def calibrated(plan: PrivacyPlan, epochs: float, tolerance: float = 0.01) -> PrivacyPlan:
     """`plan` with the smallest sigma whose `epochs` epochs spend at most its target epsilon at
     its delta (the plan's accountant and selection); UnreachableEpsilonError when none does."""

@@ -46,23 +46,23 @@ class BallsInBinsBatchSampler(ShuffleBatchSampler):
     """
 
     mechanism = "sampling='balls_in_bins'"
+    #: (the allocation list, the same as a tensor [N]) of the epoch drawn from last: made once an
+    #: epoch, not once a batch
+    _as_tensor: tuple[list[int], torch.Tensor] | None = None
 
-    def _order(self, epoch: int) -> list[int]:
-        """The allocation of `epoch` (drawn on its first batch): bin of each example, [N]."""
-        current = self.handed_out // self.steps
-        self._orders = {e: o for e, o in self._orders.items() if e >= current}
-        if epoch not in self._orders:
-            draws = uniform(self.num_samples, self.generator, self.secure)  # [N] in [0, 1)
-            bins = torch.clamp((draws * self.steps).long(), max=self.steps - 1)
-            self._orders[epoch] = bins.tolist()
-        return self._orders[epoch]
+    def _draw_epoch(self) -> list[int]:
+        """A new epoch's allocation: the bin of each example, uniform in [0, steps), [N]."""
+        draws = uniform(self.num_samples, self.generator, self.secure)  # [N] in [0, 1)
+        return torch.clamp((draws * self.steps).long(), max=self.steps - 1).tolist()
 
     def draw(self) -> list[int]:
         """The next batch: the examples allocated to bin (batches_drawn mod steps) of its epoch."""
         epoch, position = divmod(self.batches_drawn, self.steps)
-        bins = torch.tensor(self._order(epoch))
+        order = self._order(epoch)
+        if self._as_tensor is None or self._as_tensor[0] is not order:
+            self._as_tensor = (order, torch.tensor(order))
         self.batches_drawn += 1
-        return (bins == position).nonzero().flatten().tolist()
+        return (self._as_tensor[1] == position).nonzero().flatten().tolist()
 
 
 class BallsInBinsDataLoader(ShuffleDataLoader):
