@@ -102,6 +102,16 @@ class Accountant(ABC):
         else:
             self._history.append((sigma, q, n))
 
+    def step_charge(self, charge: Any) -> None:
+        """Record one step as charged (a `dptrain.privacy.charge.Charge`: its sigma and q)."""
+        self.step(noise_multiplier=charge.noise_multiplier, sample_rate=charge.sample_rate)
+
+    @classmethod
+    def from_charges(cls, charges: Iterable[Any]) -> "Accountant":
+        """A new accountant holding the steps of `charges` (Charges, in order): the accountant a
+        run's steps built, rebuilt from what they charged."""
+        return cls.from_history((c.noise_multiplier, c.sample_rate, 1) for c in charges)
+
     @classmethod
     def from_history(cls, history: Iterable[Sequence[Any] | Mapping[str, Any]]) -> "Accountant":
         """A new accountant holding a (validated) copy of `history`."""

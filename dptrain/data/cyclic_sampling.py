@@ -170,8 +170,8 @@ class CyclicPoissonBatchSampler(PoissonBatchSampler):
     def forget_pending(self) -> None:
         """Forget the batches drawn and not handed out (an abandoned iterator's prefetch): the
         next batch drawn is that of the next step handed out, of the group of that step."""
-        self.batches_drawn -= len(self.pending_rates)
-        self.pending_rates.clear()
+        self.batches_drawn -= len(self.pending)
+        self.pending.clear()
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -179,7 +179,7 @@ class CyclicPoissonBatchSampler(PoissonBatchSampler):
         partition (always: it is not secret, and must survive a resume): its kind, its seed and
         the SHA-256 of the groups they give (None before the first batch drew them)."""
         state = super().state_dict()
-        state["batches_drawn"] = self.batches_drawn - len(self.pending_rates)
+        state["batches_drawn"] = self.batches_drawn - len(self.pending)
         state["groups"] = self.groups
         state["partition"] = self.partition_kind
         state["partition_seed"] = self.partition_seed
@@ -202,7 +202,7 @@ class CyclicPoissonBatchSampler(PoissonBatchSampler):
                                     state.get("partition", EQUAL_SPLIT),
                                     state.get("partition_sha256"))
         super().load_state_dict(state)
-        self.pending_rates.clear()
+        self.pending.clear()
 
     def _restore_partition(self, seed: int, kind: str, digest: str | None) -> None:
         """Rebuild the saved partition (`kind` drawn from `seed`); PrivacyError, nothing

@@ -31,6 +31,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 
 from dptrain.accounting.history import steps_per_epoch
 from dptrain.accounting.shuffle import check_epochs_aligned
+from dptrain.data.batch_record import BatchRecord
 from dptrain.errors import ConfigError
 
 
@@ -117,6 +118,8 @@ class GivenShuffleLoader:
         self._iterator: Iterator[Any] | None = None  # the current pass of the wrapped loader
         self._handed_out = 0                          # batches of the current pass handed out
         self._listeners: list[Callable[[], None]] = []
+        self._record: BatchRecord | None = None      # of the batch handed out last
+        self._count = 0                               # batches handed out by this wrapper
 
     def __len__(self) -> int:
         return len(self.data_loader)
@@ -130,6 +133,9 @@ class GivenShuffleLoader:
     def _batches(self, iterator: Iterator[Any]) -> Iterator[Any]:
         for batch in iterator:
             self._handed_out += 1
+            # the caller's sampler chose the rows (not known here); q is the pass's 1 / steps
+            self._record = BatchRecord(index=self._count, sample_rate=self.sample_rate)
+            self._count += 1
             for listener in self._listeners:
                 listener()
             yield batch
@@ -144,6 +150,11 @@ class GivenShuffleLoader:
         where this loader starts its passes: otherwise the next pass would begin inside an epoch
         already charged, and an example could be in two batches of it, charged once."""
         check_epochs_aligned(steps_charged, self.position, len(self), "sampling='given_shuffle'")
+
+    def last_record(self) -> BatchRecord | None:
+        """The record of the batch most recently handed to the loop (rows unknown: the caller's
+        sampler drew them); None before the first."""
+        return self._record
 
     def add_hand_out_listener(self, listener: Callable[[], None]) -> None:
         """Call `listener()` each time a batch reaches the training loop."""

@@ -5,9 +5,10 @@
 workers and the collate function, and yielding empty batches as tensors with 0 rows and the right
 trailing shape (the default collate cannot collate an empty list).
 
-Each batch's sample rate is recorded where it is handed to the training loop
-(`DPDataLoader.batch_sample_rate()`), so the DP optimizer and the accountant use the q a batch was
-really drawn with, even when a DataLoader prefetches batches or a loop skips one.
+Each batch drawn gets a record (`dptrain.data.batch_record.BatchRecord`: its index, q, rows),
+published when the batch is handed to the training loop (`DPDataLoader.last_record()`), so the DP
+optimizer and the accountant use the q a batch was really drawn with, even when a DataLoader
+prefetches batches or a loop skips one.
 
 The coin flips come from `dptrain.randomness.uniform`: by default a torch.Generator seeded from
 OS entropy (the batches cannot be rebuilt from any user seed, and its state is never saved), a
@@ -28,6 +29,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from dptrain.accounting.calibration import steps_per_epoch
 from dptrain.accounting.shuffle import check_epochs_aligned
 from dptrain.checks import check_sample_rate
+from dptrain.data.batch_record import BatchRecord
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.randomness import entropy_generator, uniform
 
@@ -71,10 +73,11 @@ class PoissonBatchSampler(Sampler[list[int]]):
         self.sample_rate_schedule = sample_rate_schedule
         self.batches_drawn = 0
         self._scheduled: tuple[int, float] | None = None  # (batch index, q) last evaluated
-        #: q of each batch drawn by the current iterator and not yet handed out, oldest first.
-        self.pending_rates: deque[float] = deque()
-        #: q of the batch most recently handed to the training loop (None before the first).
-        self.handed_out_rate: float | None = None
+        #: the record of each batch drawn by the current iterator and not yet handed out,
+        #: oldest first
+        self.pending: deque[BatchRecord] = deque()
+        #: the record of the batch most recently handed to the training loop (None before)
+        self.handed_out_record: BatchRecord | None = None
         #: fn() called each time a batch reaches the training loop (the DP optimizer's check).
         self.hand_out_listeners: list[Callable[[], None]] = []
         #: iterators of the loader started so far; only the newest may hand out batches
@@ -108,19 +111,38 @@ class PoissonBatchSampler(Sampler[list[int]]):
         indices still to be drawn. The one evaluator of q by batch: the budget forecast reads
         it, so the q it commits for a step is the q the batch that step releases is drawn with,
         whatever batches a loop skipped before."""
-        rates = list(self.pending_rates)[:count]
+        rates = [record.sample_rate for record in self.pending][:count]
         index = self.batches_drawn
         while len(rates) < count:
             rates.append(self.rate_at(index))
             index += 1
         return rates
 
+    @property
+    def handed_out_rate(self) -> float | None:
+        """q of the batch most recently handed to the training loop (None before the first)."""
+        record = self.handed_out_record
+        return None if record is None else record.sample_rate
+
     def hand_out(self) -> None:
-        """Record that the oldest drawn batch has reached the training loop (`handed_out_rate`)
-        and tell the listeners."""
-        self.handed_out_rate = self.pending_rates.popleft() if self.pending_rates else None
+        """Publish the oldest drawn batch's record: it has reached the training loop
+        (`handed_out_record`); then tell the listeners."""
+        self.handed_out_record = self.pending.popleft() if self.pending else None
         for listener in self.hand_out_listeners:
             listener()
+
+    def draw_record(self) -> BatchRecord:
+        """Draw the next batch (`draw`) and make its record: its index, the q it was drawn with
+        and this rank's share of its rows."""
+        index, rate = self.batches_drawn, self._rate()
+        batch = self.draw()
+        if self.rank_share is not None:
+            batch = self.rank_share.keep(batch)
+        return self._record(index, rate, batch)
+
+    def _record(self, index: int, rate: float, batch: list[int]) -> BatchRecord:
+        """The record of batch `index` (a sampler with more to say about a batch adds it)."""
+        return BatchRecord(index=index, sample_rate=rate, indices=tuple(batch))
 
     def draw(self) -> list[int]:
         """One Poisson batch: the indices i with uniform_i < q (sorted; possibly empty)."""
@@ -131,10 +153,9 @@ class PoissonBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         for _ in range(self.steps):
-            rate = self._rate()
-            batch = self.draw()
-            self.pending_rates.append(rate)
-            yield batch if self.rank_share is None else self.rank_share.keep(batch)
+            record = self.draw_record()
+            self.pending.append(record)
+            yield list(record.indices or ())
 
     def state_dict(self) -> dict[str, Any]:
         """Batches drawn and, only for reproducible coins, the generator state (exact resume). A
@@ -182,7 +203,7 @@ class ShuffleBatchSampler(PoissonBatchSampler):
     @property
     def handed_out(self) -> int:
         """Batches handed to the training loop so far (drawn, minus those still pending)."""
-        return self.batches_drawn - len(self.pending_rates)
+        return self.batches_drawn - len(self.pending)
 
     def _order(self, epoch: int) -> list[int]:
         """The shuffle of `epoch` (drawn on its first batch); earlier epochs are forgotten."""
@@ -209,7 +230,7 @@ class ShuffleBatchSampler(PoissonBatchSampler):
         """Forget the batches drawn and not handed out (an abandoned iterator's prefetch): they
         are drawn again, the same slices of the same shuffles, for the steps that release them."""
         self.batches_drawn = self.handed_out
-        self.pending_rates.clear()
+        self.pending.clear()
 
     @property
     def position(self) -> int:
@@ -254,7 +275,7 @@ class ShuffleBatchSampler(PoissonBatchSampler):
                 "or make both runs reproducible (PrivacyEngine(seed=..., "
                 "reproducible_mechanism=True)) to resume mid-epoch.")
         super().load_state_dict(state)
-        self.pending_rates.clear()
+        self.pending.clear()
         epoch = self.batches_drawn // self.steps
         self._orders = {epoch: list(order)} if position else {}
         if self.reproducible:
@@ -355,8 +376,8 @@ class _HandOutIterator:
 class DPDataLoader(DataLoader):
     """A DataLoader whose batches are Poisson samples (see `PoissonBatchSampler`).
 
-    `sample_rate` is the initial q and `len(loader)` the batches per epoch;
-    `batch_sample_rate()` is the q of the batch the loop received last.
+    `sample_rate` is the initial q and `len(loader)` the batches per epoch; `last_record()` is
+    the record (q, rows) of the batch the loop received last.
     """
 
     def __init__(self, dataset: Dataset, sample_rate: float, *, steps: int | None = None,
@@ -388,16 +409,21 @@ class DPDataLoader(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         """A fresh iterator; batches an abandoned iterator prefetched are forgotten (never used)."""
-        self.poisson_sampler.pending_rates.clear()
+        self.poisson_sampler.pending.clear()
         return _HandOutIterator(super().__iter__(), self.poisson_sampler)
 
     def add_hand_out_listener(self, listener: Callable[[], None]) -> None:
         """Call `listener()` each time a batch of this loader reaches the training loop."""
         self.poisson_sampler.hand_out_listeners.append(listener)
 
+    def last_record(self) -> BatchRecord | None:
+        """The record of the batch most recently handed to the loop (None before the first): the
+        step that releases that batch takes its q from it (dptrain.data.batch_record)."""
+        return self.poisson_sampler.handed_out_record
+
     def batch_sample_rate(self) -> float | None:
         """q with which the batch most recently handed to the loop was sampled (None before the
-        first batch). The engine's DP optimizer uses it for the step that releases that batch."""
+        first batch): `last_record().sample_rate`."""
         return self.poisson_sampler.handed_out_rate
 
     @classmethod

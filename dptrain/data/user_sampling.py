@@ -15,8 +15,8 @@ example-level sampling with a per-user contribution bound (ELS).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from dptrain.checks import check_sample_rate
+from dptrain.data.batch_record import BatchRecord
 from dptrain.data.fingerprint import user_assignment_fingerprint
 from dptrain.data.row_order import reorder, reports_row_order, row_order_collate
 from dptrain.data.sampling import DPDataLoader, PoissonBatchSampler, _loader_kwargs, dataset_size
@@ -78,10 +79,7 @@ class UserPoissonBatchSampler(PoissonBatchSampler):
                          secure=secure, sample_rate_schedule=sample_rate_schedule)
         self.groups = groups
         self.max_examples_per_user = check_max_examples_per_user(max_examples_per_user)
-        #: user positions (Tensor[B]) of each batch drawn and not yet handed out, oldest first.
-        self.pending_groups: deque[Tensor] = deque()
-        #: user positions of the batch most recently handed to the training loop.
-        self.handed_out_groups: Tensor | None = None
+        self._drawn_groups: Tensor | None = None  # user positions of the batch `draw` made last
 
     def assignment_fingerprint(self) -> str:
         """The SHA-256 of this sampler's users (`groups`, in order) and cap: what a resume
@@ -100,22 +98,34 @@ class UserPoissonBatchSampler(PoissonBatchSampler):
 
     def draw(self) -> list[int]:
         """One user-level Poisson batch: the (capped) examples of each user whose coin is < q,
-        user by user; its user positions go to `pending_groups`."""
+        user by user; its user positions go to its record (`_record`)."""
         users = super().draw()
         parts = [self._examples_of(u) for u in users]
         counts = torch.tensor([len(p) for p in parts], dtype=torch.int64)
-        self.pending_groups.append(torch.repeat_interleave(torch.arange(len(parts)), counts))
+        self._drawn_groups = torch.repeat_interleave(torch.arange(len(parts)), counts)
         return torch.cat(parts).tolist() if parts else []
 
-    def hand_out(self) -> None:
-        self.handed_out_groups = self.pending_groups.popleft() if self.pending_groups else None
-        super().hand_out()
+    def _record(self, index: int, rate: float, batch: list[int]) -> BatchRecord:
+        """The batch's record, with the user position of each of its examples."""
+        return BatchRecord(index=index, sample_rate=rate, indices=tuple(batch),
+                           user_groups=self._drawn_groups)
+
+    @property
+    def handed_out_groups(self) -> Tensor | None:
+        """User positions (Tensor[B]) of the rows of the batch most recently handed out."""
+        record = self.handed_out_record
+        return None if record is None else record.user_groups
 
     def reorder_handed_out(self, order: Tensor) -> None:
         """The batch handed out last reached the loop with its rows reordered by the collate
-        function (row r holds its example order[r]): its user positions follow the rows."""
-        if self.handed_out_groups is not None:
-            self.handed_out_groups = reorder(self.handed_out_groups, order)
+        function (row r holds its example order[r]): its record's user positions and rows follow
+        the rows."""
+        record = self.handed_out_record
+        if record is not None and record.user_groups is not None:
+            groups = reorder(record.user_groups, order)   # checks `order` is a permutation
+            indices = None if record.indices is None else tuple(
+                record.indices[int(i)] for i in order.tolist())
+            self.handed_out_record = replace(record, indices=indices, user_groups=groups)
 
 
 class UserDPDataLoader(DPDataLoader):
@@ -138,7 +148,6 @@ class UserDPDataLoader(DPDataLoader):
         self._init_loader(dataset, sampler, row_order_collate(collate_fn), loader_kwargs)
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
-        self.poisson_sampler.pending_groups.clear()  # type: ignore[attr-defined]
         batches = super().__iter__()
         if reports_row_order(self.collate_fn.collate_fn):  # type: ignore[attr-defined]
             return _RowOrderIterator(batches, self.poisson_sampler)  # type: ignore[arg-type]

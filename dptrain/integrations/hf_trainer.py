@@ -17,9 +17,9 @@ to `dptrain.PrivacyEngine.make_private` (the public API):
 - `create_optimizer`: the Trainer's optimizer wrapped in the `DPOptimizer` (per-sample clipping,
   Gaussian noise once per logical batch, the accountant stepped with the sigma and q used).
 - `training_step`: one logical batch split into physical chunks of
-  `per_device_train_batch_size` rows (dptrain.data.virtual.split_batch, as BatchMemoryManager
-  does); each chunk's per-sample gradients are clipped and summed, and the Trainer's single
-  `optimizer.step()` adds the noise. The Trainer itself runs with gradient_accumulation_steps=1
+  `per_device_train_batch_size` rows, each chunk's per-sample gradients clipped and summed
+  (dptrain.privacy.step.accumulate_chunks, private_step's chunk loop); the Trainer's single
+  `optimizer.step()` releases the batch (noise once, charged at its record's q). The Trainer itself runs with gradient_accumulation_steps=1
   (on a copy of its arguments): its "step" is exactly one noisy step.
 - `compute_loss`: one loss per example (`default_per_example_loss`, or the caller's), so that
   each example's gradient depends on that example alone (HF's causal LM loss averages over the
@@ -61,12 +61,12 @@ from dptrain.checks import (
     default_delta,
 )
 from dptrain.batches import rows as batch_rows
-from dptrain.data.virtual import split_batch
 from dptrain.errors import BudgetExhaustedError, ConfigError
 from dptrain.formatting import format_epsilon
 from dptrain.io import ensure_writable_dir, json_safe
 from dptrain.losses import per_sample_token_losses
 from dptrain.privacy.engine import GRAD_SAMPLE_MODES, PrivacyEngine
+from dptrain.privacy.step import accumulate_chunks
 from dptrain.train.budget import BudgetGuard, PrivacySpend
 from dptrain.train.job import Position, private_job
 from dptrain.train.ledger import (
@@ -495,17 +495,21 @@ class PrivateTrainer(Trainer):
         covered by epsilon, like every training loss)."""
         model.train()
         batch = dict(self._prepare_inputs(inputs))
-        total, loss_sum = (batch_rows(batch) or 0), torch.zeros((), device=self.args.device)
-        for chunk in split_batch(batch, self.physical_batch_size):
+        loss_sum = torch.zeros((), device=self.args.device)
+
+        def forward_backward(chunk: dict[str, Any]) -> int:
+            nonlocal loss_sum
             rows = batch_rows(chunk) or 0
-            if rows == 0:
-                continue  # an empty Poisson batch: the step adds noise only
             with self.compute_loss_context_manager():
                 loss = self.compute_loss(model, chunk)
             self.accelerator.backward(loss)
-            self.dp_optimizer.clip_and_accumulate()
-            model.zero_grad(set_to_none=True)   # the unclipped gradient is never released
             loss_sum += loss.detach().float() * rows
+            return rows
+
+        # the chunks' clipped sum; the Trainer's optimizer.step() releases the batch (its record)
+        total = accumulate_chunks(self.dp_optimizer, batch, self.physical_batch_size,
+                                  forward_backward)
+        model.zero_grad(set_to_none=True)   # the unclipped gradient is never released
         return loss_sum / max(total, 1)
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,

@@ -210,7 +210,7 @@ class PrivacyEngine(core.PrivacyEngine):
         self.accountant = opacus_accountant(self.accountant)  # shuffled batches: Opacus-shaped
         # Opacus's GradSampleModule refuses a backward over a second Poisson batch without
         # zero_grad(); dptrain's optimizer refuses it there too when asked (else at the step)
-        dp_optimizer.refuse_at_backward = True
+        dp_optimizer.link.refuse_at_backward = True   # (an unlinked optimizer checks nothing)
         if grad_sample_mode not in _GHOST_MODES:
             return model, dp_optimizer, loader
         wrapped = DPLossFastGradientClipping(model, dp_optimizer, criterion or nn.CrossEntropyLoss(),

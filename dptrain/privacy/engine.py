@@ -42,6 +42,7 @@ from dptrain.checks import (
     check_sample_rate,
 )
 from dptrain.errors import ConfigError, PrivacyError
+from dptrain.privacy.charge import Charge
 from dptrain.privacy.clipping import make_clipper
 from dptrain.privacy.distributed import DistributedDPOptimizer, ShardedDPOptimizer
 from dptrain.privacy.noise import NoiseStrategy, strategy_from_dict
@@ -495,16 +496,15 @@ class PrivacyEngine:
                 sample_rate=sample_rate,
                 noise_generator=noise_generator or self.noise_generator,
                 secure_mode=self.secure_mode, noise_schedule=noise_sched,
-                sample_rate_source=getattr(private_loader, "batch_sample_rate", None),
                 noise_strategy=plan.noise.strategy)
         except BaseException:
             if source is not module:  # a wrapper made here: leave the user's model as it was
                 source.remove_hooks()
             raise
         if callable(getattr(private_loader, "add_hand_out_listener", None)):
-            dp_optimizer.follow_loader(private_loader)
-            dp_optimizer.one_batch_per_step = plan.selection.steps_follow_batches
-        dp_optimizer.attach_step_hook(self._account_step)
+            dp_optimizer.follow_loader(
+                private_loader, one_batch_per_step=plan.selection.steps_follow_batches)
+        dp_optimizer.add_charge_listener(self._account_charge)
         self.accountant = accountant_for(self.accountant, plan.accounting)
         self.optimizer, self.data_loader, self.dataset_size = dp_optimizer, private_loader, num_samples
         self.plan, self.performance = plan, performance
@@ -564,11 +564,10 @@ class PrivacyEngine:
                                  plan=calibrated(plan, epochs, epsilon_tolerance), **kwargs)
 
     # -- accounting ----------------------------------------------------------------------------
-    def _account_step(self, optimizer: DPOptimizer) -> None:
-        """Step hook: the accountant records the sigma and q this step actually used (q is the
-        one the private loader drew the released batch with: DPOptimizer.sample_rate_source)."""
-        self.accountant.step(noise_multiplier=optimizer.noise_multiplier,
-                             sample_rate=optimizer.sample_rate)
+    def _account_charge(self, charge: Charge) -> None:
+        """Charge listener: the accountant records what the step charged (sigma, and the q of
+        the released batch's record), from the charge alone."""
+        self.accountant.step_charge(charge)
 
     def upcoming_sample_rates(self, count: int) -> list[float]:
         """q of each of the next `count` steps when each releases the next batch of the private

@@ -3,8 +3,9 @@
 Per logical batch: clip each sample's gradient (a `Clipper`), sum the clipped gradients into
 `p.summed_grad` (possibly over several physical chunks), add Gaussian noise N(0, sigma^2 S^2)
 once (S the clipper's L2 sensitivity), divide by the public `expected_batch_size`, write `p.grad`,
-and step the wrapped optimizer. Then the step hooks run (the engine's accountant hook reads
-`noise_multiplier` and `sample_rate`, the values just used) and the schedules advance.
+and step the wrapped optimizer (`release`). The step's `Charge` (sigma and the q of the released
+batch's record, dptrain.data.batch_record) goes to the charge listeners (the engine's accountant),
+then the step hooks run and the schedules advance.
 
 `p.summed_grad` holds the clipped noiseless sum while a logical batch is being accumulated and
 while the step hooks run; `step()` clears it before returning (unlike Opacus, which keeps it until
@@ -18,15 +19,12 @@ to the parameter's dtype. That cast rounds the released gradient by up to 2^-8 (
 (fp16) of each coordinate: post-processing of the noisy sum, which costs no privacy. The price is
 one float32 accumulator per 16-bit parameter (4 bytes per weight) while a logical batch is summed.
 
-Misuse that would make the accountant charge the wrong mechanism is refused (PrivacyError) when the
-optimizer is linked to the private loader (`make_private` links them; the loader calls
-`on_batch_handed_out` for every batch it hands to the loop):
-- a step whose gradients include rows of two logical batches (gradients of a batch still pending,
-  or an unreleased partial sum, when the next batch was handed out): two Poisson batches in one
-  step are not one Poisson batch at q. Physical chunks of ONE logical batch (`BatchMemoryManager`)
-  are fine: no new batch is handed out between them;
-- a step with no new batch from the private loader since the previous step (the loop iterates
-  the original loader, or steps twice on one batch): that step was not Poisson-sampled.
+Two ways to drive it, one release: a loop that owns the step (`dptrain.privacy.step.private_step`)
+clips each chunk (`clip_and_accumulate`) and calls `release(record)` with the record of the batch;
+a loop written for a plain optimizer calls `step()` (each physical chunk's, with
+`BatchMemoryManager`), which releases the record of the batch the private loader handed out last.
+The link to the loader (`follow_loader`, dptrain.privacy.loader_link) refuses the misuse of such a
+loop that would make the accountant charge another mechanism than the one run.
 """
 
 from __future__ import annotations
@@ -41,26 +39,18 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from dptrain.checks import check_noise_multiplier, check_sample_rate
+from dptrain.data.batch_record import BatchRecord
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.grad_sample.ghost_math import norm_dtype
+from dptrain.privacy.charge import Charge
 from dptrain.privacy.clipping import Clipper, FlatClipper, PerSampleSource
+from dptrain.privacy.loader_link import LoaderLink, Unlinked
 from dptrain.privacy.noise import NoiseStrategy, check_compatible, strategy_from_dict
 from dptrain.randomness import entropy_generator, gaussian_noise
 from dptrain.privacy.schedules import Schedule
 
 StepHook = Callable[["DPOptimizer"], None]
-#: fn() -> q with which the batch about to be released was sampled (None: no batch seen yet).
-SampleRateSource = Callable[[], "float | None"]
-
-#: why gradients of two logical batches are refused (`when`: what would mix them)
-_TWO_BATCHES = (
-    "per-sample gradients (or a partial clipped sum of skipped steps) of an earlier batch were "
-    "still pending when the private loader handed out the next batch, so {when} two logical "
-    "batches as one. Two Poisson batches accumulated into one step are not one Poisson-sampled "
-    "batch at q, and the accountant would under-charge them. Call optimizer.zero_grad() before "
-    "the forward of each batch and optimizer.step() once per batch; to process a large logical "
-    "batch in pieces, use dptrain.BatchMemoryManager (or a larger batch size).")
-
+ChargeListener = Callable[[Charge], None]
 
 class DPOptimizer(Optimizer):
     """A differentially private wrapper of `optimizer` (shares its param_groups and state).
@@ -80,27 +70,13 @@ class DPOptimizer(Optimizer):
         secure_mode: draw noise from the OS CSPRNG (see dptrain.randomness).
         noise_schedule: Schedule(step) -> sigma, applied from step 0.
         sample_rate_schedule: Schedule(step) -> q, applied from step 0, for an optimizer that
-            is not linked to a private loader (the engine gives a schedule to the loader only).
-        sample_rate_source: fn() -> the q the private loader drew the batch being released with
-            (`DPDataLoader.batch_sample_rate`). When given, it is the one home of q: each batch
-            handed out and each real step take q (and expected batch size q * N) from it, so the
-            accountant charges the q a batch was really drawn with, whatever the loop skipped.
+            is not linked to a private loader (the engine gives a schedule to the loader only:
+            a released batch's record carries the q it was drawn with).
         noise_strategy: how the noise of the steps is correlated (dptrain.privacy.noise; None:
             Independent, DP-SGD). The i.i.d. draw of each step is made as for independent noise
             and passed through the strategy's generator, whose buffers are part of
             `dp_state_dict`.
     """
-
-    #: Refuse a step when the linked loader handed out more than one batch since the previous
-    #: step (set for cyclic Poisson sampling and shuffled batches, dptrain's or a kept loader's:
-    #: a skipped batch would shift the groups or passes against the steps, and an example could
-    #: take part in steps fewer than `groups` apart, or twice in one accounted epoch).
-    one_batch_per_step: bool = False
-
-    #: Refuse gradients of two logical batches already at the backward that would add the second
-    #: batch's rows to the first's (Opacus's point of refusal; dptrain.opacus sets it), instead
-    #: of at the step. Either way nothing of the two batches is released.
-    refuse_at_backward: bool = False
 
     def __init__(self, optimizer: Optimizer, noise_multiplier: float,
                  max_grad_norm: float | None, expected_batch_size: float,
@@ -108,7 +84,6 @@ class DPOptimizer(Optimizer):
                  noise_generator: torch.Generator | None = None, secure_mode: bool = False,
                  noise_schedule: Schedule | None = None,
                  sample_rate_schedule: Schedule | None = None,
-                 sample_rate_source: SampleRateSource | None = None,
                  noise_strategy: NoiseStrategy | None = None) -> None:
         if isinstance(optimizer, DPOptimizer):
             raise ConfigError("optimizer is already a DPOptimizer: pass the plain torch optimizer.")
@@ -131,12 +106,7 @@ class DPOptimizer(Optimizer):
         self.reproducible_noise = noise_generator is not None and not self.secure_mode
         self.noise_generator = self._noise_source(noise_generator)
         self.noise_schedule = noise_schedule
-        if sample_rate_source is not None and sample_rate_schedule is not None:
-            raise ConfigError("sample_rate_schedule and sample_rate_source both set q: give the "
-                              "schedule to the private loader only (make_private does), whose "
-                              "sampler draws each batch at its scheduled q and tells the optimizer.")
         self.sample_rate_schedule = sample_rate_schedule
-        self.sample_rate_source = sample_rate_source
         self.noise_strategy = strategy_from_dict(noise_strategy)
         check_compatible(self.noise_strategy, noise_schedule=noise_schedule is not None,
                          rate_schedule=sample_rate_schedule is not None,
@@ -145,15 +115,13 @@ class DPOptimizer(Optimizer):
         self.noise_generator_state = self.noise_strategy.generator()
         self._noise_keys = {id(p): i for i, p in enumerate(self.params)}
         self.steps_taken = 0
-        self.last_charge: tuple[float, float] | None = None  # (sigma, q) of the last step
+        self.last_charge: Charge | None = None  # what the last step charged
         self._step_hooks: list[StepHook] = []
+        self._charge_listeners: list[ChargeListener] = []
         self._skip_next = False
         self._last_step_skipped = False
-        #: Batches the linked private loader handed out since the last real step (None: no
-        #: private loader is linked, nothing to check).
-        self._batches_since_step: int | None = None
-        self._earlier_rows_pending = False  # per-sample rows of an earlier batch not yet clipped
-        self._earlier_sum_pending = False   # a partial clipped sum of an earlier batch
+        #: the private loader whose batches the steps release (`follow_loader`), or none
+        self.link: Unlinked = Unlinked()
         for p in self.params:
             p.summed_grad = None
         self._apply_schedules()
@@ -228,35 +196,22 @@ class DPOptimizer(Optimizer):
         """Make the next `step()` only clip and accumulate (a non-final physical chunk)."""
         self._skip_next = bool(do_skip)
 
-    def follow_loader(self, loader: Any) -> None:
-        """Link to the private loader (`DPDataLoader.add_hand_out_listener`): from now on every
-        real step needs a new batch from it, and gradients of two of its batches never share a
-        step (see the module docstring)."""
-        loader.add_hand_out_listener(self.on_batch_handed_out)
-        self._batches_since_step = 0
+    def add_charge_listener(self, fn: ChargeListener) -> None:
+        """Call fn(charge) with the `Charge` of every real step (the engine's accountant), before
+        the step hooks."""
+        self._charge_listeners.append(fn)
 
-    def on_batch_handed_out(self) -> None:
-        """Called by the private loader each time it hands a logical batch to the training loop.
+    def follow_loader(self, loader: Any, *, one_batch_per_step: bool = False,
+                      refuse_at_backward: bool = False) -> None:
+        """Link to the private loader (dptrain.privacy.loader_link): from now on every real step
+        releases the record of the batch it handed out last, needs a new batch from it, and
+        never mixes gradients of two of its batches."""
+        self.link = LoaderLink(self, loader, one_batch_per_step=one_batch_per_step,
+                               refuse_at_backward=refuse_at_backward)
 
-        Per-sample gradients or a partial clipped sum still pending at that moment belong to an
-        earlier batch: a step that releases them together with anything else is refused.
-        """
-        self._batches_since_step = (self._batches_since_step or 0) + 1
-        self._use_sampled_rate()
-        if any(getattr(p, "summed_grad", None) is not None for p in self.params):
-            self._earlier_sum_pending = True
-        if self.module.per_sample_batch_size() > 0:
-            self._earlier_rows_pending = True
-            self._refuse_backward(f"DPOptimizer step {self.steps_taken} refused at backward(): "
-                                  + _TWO_BATCHES.format(when="this backward would add to them"))
-
-    def _refuse_backward(self, reason: str | None) -> None:
-        """With `refuse_at_backward`, make the module's backward raise PrivacyError(`reason`)
-        (None: allow it again); a source without `refuse_backward` (FSDP, user level) is
-        refused at the step."""
-        refuse = getattr(self.module, "refuse_backward", None)
-        if self.refuse_at_backward and refuse is not None:
-            refuse(reason)
+    def has_pending_sum(self) -> bool:
+        """Whether a clipped sum of chunks not yet released is held (`p.summed_grad`)."""
+        return any(getattr(p, "summed_grad", None) is not None for p in self.params)
 
     def clip_and_accumulate(self) -> None:
         """Clip the current chunk's per-sample gradients and add them into `p.summed_grad`
@@ -275,8 +230,7 @@ class DPOptimizer(Optimizer):
                 refuse()
             self._clear_per_sample()
             return
-        if self._earlier_rows_pending or self._earlier_sum_pending:
-            self._refuse(_TWO_BATCHES.format(when="this step would release"))
+        self.link.check_chunk()
         source.check_complete()
         sums = self.clipper.clip(source)
         for p in self.params:
@@ -290,10 +244,9 @@ class DPOptimizer(Optimizer):
     def _clear_per_sample(self) -> None:
         """Free the source's per-sample state (nothing of an earlier batch is pending after)."""
         self.module.clear_per_sample()
-        self._earlier_rows_pending = False
-        self._refuse_backward(None)
+        self.link.rows_cleared()
 
-    def _refuse(self, reason: str) -> None:
+    def refuse(self, reason: str) -> None:
         """Discard everything pending for this step (nothing of it is released), then raise
         PrivacyError with `reason`."""
         self._clear_per_sample()
@@ -301,31 +254,6 @@ class DPOptimizer(Optimizer):
         self.clipper.reset_accumulation()
         self._skip_next = self._last_step_skipped = False
         raise PrivacyError(f"DPOptimizer step {self.steps_taken} refused: {reason}")
-
-    def _check_new_batch(self) -> None:
-        """PrivacyError unless the linked private loader handed out a batch since the last real
-        step, and no partial sum of an earlier batch waits to be released with it."""
-        if self._batches_since_step == 0:
-            self._refuse(
-                "the private data loader returned by make_private handed out no batch since the "
-                "previous step, so this step's gradients were not computed on a Poisson-sampled "
-                "batch (the loop iterates the original DataLoader, or steps twice on one batch), "
-                "yet the accountant would charge it as one. Iterate the data loader returned by "
-                "make_private and call optimizer.step() once per batch.")
-        if self.one_batch_per_step and (self._batches_since_step or 0) > 1:
-            self._refuse(
-                f"the private data loader handed out {self._batches_since_step} batches since the "
-                "previous step, but step t must release batch t of this loader (cyclic Poisson "
-                "sampling: the batch of group t mod groups; shuffled batches: a batch of pass "
-                "t // len(loader)): a skipped batch would let an example take part in two steps "
-                "that the accounting charges as one group or one epoch. Call optimizer.step() "
-                "once for every batch of the loader (an empty batch included).")
-        if self._earlier_sum_pending:
-            self._refuse(
-                "the clipped sum accumulated by skipped steps (signal_skip_step) belongs to an "
-                "earlier batch than the one the private loader handed out last; a step releases "
-                "one logical batch. Use dptrain.BatchMemoryManager to split a logical batch into "
-                "physical chunks.")
 
     #: Examples of the last real step left out for a gradient that is not finite (a 0-dim tensor
     #: or 0; users at user level; summed over the ranks under DDP and FSDP): a statistic of the
@@ -384,7 +312,9 @@ class DPOptimizer(Optimizer):
             p.grad = grad if grad.dtype == p.dtype else grad.to(p.dtype)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One DP step (or, after `signal_skip_step(True)`, only `clip_and_accumulate`).
+        """Clip and accumulate the current chunk, then release the logical batch (`release`:
+        the batch the private loader handed out last), or, after `signal_skip_step(True)`, only
+        clip and accumulate (a non-final physical chunk).
 
         `closure`, if given, is run first with gradients enabled (forward + backward).
         Returns the closure's loss, else the wrapped optimizer's return value.
@@ -398,33 +328,48 @@ class DPOptimizer(Optimizer):
             self._skip_next, self._last_step_skipped = False, True
             return loss
         self._last_step_skipped = False
-        self._check_new_batch()
-        self._use_sampled_rate()
+        result = self._release(None)[1]
+        return loss if closure is not None else result
+
+    def release(self, record: BatchRecord | None = None) -> Charge:
+        """Noise the clipped sum accumulated for one logical batch, step the wrapped optimizer
+        once and charge the step: returns its `Charge` (also `last_charge`, and given to the
+        charge listeners).
+
+        `record` is the record of the released batch (dptrain.data.batch_record): q and the
+        expected batch size q * N are its. Linked to a private loader, it must be the batch
+        handed out last (None: that one); unlinked, None means the optimizer's own q (the plan's
+        or the sample-rate schedule's).
+        """
+        return self._release(record)[0]
+
+    def _release(self, record: BatchRecord | None) -> tuple[Charge, Any]:
+        """`release`, with the wrapped optimizer's return value."""
+        record = self.link.record_to_release(record)
+        if record is not None:
+            self.sample_rate = check_sample_rate(record.sample_rate, "the batch record's q")
+            self.expected_batch_size = self.sample_rate * self._public_size
         try:
             self.excluded_examples = self.clipper.pop_excluded()  # (ranks: summed when combined)
             self._write_noisy_gradients()
             result = self.original_optimizer.step()
-            #: (sigma, q) of the step just taken: what the accountant hook charges for it
-            self.last_charge = (float(self.noise_multiplier), float(self.sample_rate))
+            charge = Charge(noise_multiplier=float(self.noise_multiplier),
+                            sample_rate=float(self.sample_rate),
+                            batch_size=None if record is None else record.size,
+                            step=self.steps_taken,
+                            batch_index=None if record is None else record.index)
+            self.last_charge = charge
+            for listener in self._charge_listeners:
+                listener(charge)
             for hook in self._step_hooks:
                 hook(self)
         finally:
             self._clear_summed()  # the noise-free sum never outlives the step
-        if self._batches_since_step is not None:
-            self._batches_since_step = 0
+        self.link.released()
         self.clipper.end_step(self._scalar_noise, self.expected_batch_size)
         self.steps_taken += 1
         self._apply_schedules()
-        return loss if closure is not None else result
-
-    def _use_sampled_rate(self) -> None:
-        """Set q, and the expected batch size q * N, to the q the batch being released was drawn
-        with (`sample_rate_source`, the loader's record; nothing without one)."""
-        sampled = self.sample_rate_source() if self.sample_rate_source is not None else None
-        if sampled is None:
-            return
-        self.sample_rate = check_sample_rate(sampled, "the loader's batch sample rate")
-        self.expected_batch_size = self.sample_rate * self._public_size
+        return charge, result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear p.grad, the per-sample state and p.summed_grad (kept after a skipped step)."""
@@ -436,8 +381,7 @@ class DPOptimizer(Optimizer):
     def discard_partial_batch(self) -> None:
         """Forget an unfinished logical batch: the clipped sums accumulated by skipped steps,
         pending per-sample gradients and skip signals (nothing of it is ever released)."""
-        pending = any(getattr(p, "summed_grad", None) is not None for p in self.params)
-        if self._last_step_skipped or pending:
+        if self._last_step_skipped or self.has_pending_sum():
             self._clear_summed()
             self.clipper.reset_accumulation()
             self._last_step_skipped = False
@@ -447,7 +391,7 @@ class DPOptimizer(Optimizer):
     def _clear_summed(self) -> None:
         for p in self.params:
             p.summed_grad = None
-        self._earlier_sum_pending = False
+        self.link.sum_cleared()
 
     # -- schedules and state -----------------------------------------------------------------
     def _apply_schedules(self) -> None:
@@ -487,7 +431,4 @@ class DPOptimizer(Optimizer):
         self.sample_rate = float(state["sample_rate"])
         self.expected_batch_size = float(state["expected_batch_size"])
         self._apply_schedules()
-        if self._batches_since_step is not None:
-            # a saved state sits between two steps: the batches a resume draws again and discards
-            # to replay the epoch (dptrain.train.loop) belong to steps already taken
-            self._batches_since_step = 0
+        self.link.restored()

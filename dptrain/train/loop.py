@@ -36,6 +36,7 @@ import torch
 
 from dptrain.accounting.history import history_steps
 from dptrain.batches import call_model, inputs_and_targets, rows, to_device
+from dptrain.data.batch_record import last_record
 from dptrain.data.virtual import pads_passes, split_batch
 from dptrain.errors import ConfigError, WriteError
 from dptrain.grad_sample.workspace import retain_freed_memory
@@ -249,7 +250,9 @@ class Trainer:
                 self._forward_backward(part, tally, weight=1.0)
                 return rows(part) or 0
 
-            private_step(job.optimizer, batch, chunk, forward_backward)
+            # the record of the batch just handed out: its q is the step's charge
+            private_step(job.optimizer, batch, chunk, forward_backward,
+                         last_record(job.train_loader))
             tally.nonfinite = tally.nonfinite + job.optimizer.excluded_examples
             return
         job.optimizer.zero_grad(set_to_none=True)

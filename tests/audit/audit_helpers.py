@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from dptrain.privacy.charge import Charge
 from dptrain.privacy.clipping import FlatClipper
 from dptrain.privacy.engine import PrivacyEngine
 from dptrain.privacy.optimizer import DPOptimizer
@@ -81,9 +82,9 @@ class TooLittleNoiseOptimizer(DPOptimizer):
 class UnderCountingEngine(PrivacyEngine):
     """Steps the accountant with q / 10 while the loader samples with q."""
 
-    def _account_step(self, optimizer: DPOptimizer) -> None:
-        self.accountant.step(noise_multiplier=optimizer.noise_multiplier,
-                             sample_rate=optimizer.sample_rate / 10)
+    def _account_charge(self, charge: Charge) -> None:
+        self.accountant.step(noise_multiplier=charge.noise_multiplier,
+                             sample_rate=charge.sample_rate / 10)
 
 
 def plant_no_clipping(run: PrivateRun) -> PrivateRun:

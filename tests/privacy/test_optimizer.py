@@ -17,6 +17,7 @@ from privacy_helpers import (
     tiny_model,
 )
 
+from dptrain.data.batch_record import BatchRecord
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.grad_sample.ghost import GhostClippingModule
 from dptrain.grad_sample.module import GradSampleModule
@@ -425,26 +426,57 @@ def test_bfloat16_parameters_get_a_bfloat16_noisy_gradient():
                for p in model.parameters())
 
 
-def test_a_real_step_uses_the_sample_rate_its_batch_was_drawn_with():
-    _model, _source, dp = _setup(ebs=8.0, q=0.5, sample_rate_source=lambda: 0.25)  # N = 16
+class _RecordingLoader:
+    """A private loader's side of the link: hands out records (dptrain.data.batch_record)."""
+
+    def __init__(self):
+        self.listeners, self.record = [], None
+
+    def add_hand_out_listener(self, listener):
+        self.listeners.append(listener)
+
+    def last_record(self):
+        return self.record
+
+    def hand_out(self, record):
+        self.record = record
+        for listener in self.listeners:
+            listener()
+
+
+def test_a_released_record_sets_the_steps_q_and_expected_batch_size():
+    _model, _source, dp = _setup(ebs=8.0, q=0.5)  # N = 16
     seen = []
     dp.attach_step_hook(lambda opt: seen.append((opt.sample_rate, opt.expected_batch_size)))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")   # the loader's q is the only q: nothing to correct
-        dp.step()
+    charge = dp.release(BatchRecord(index=3, sample_rate=0.25, indices=(1, 5)))
     assert seen == [(0.25, 4.0)]
+    assert (charge.sample_rate, charge.batch_index, charge.batch_size, charge.step) == (0.25, 3, 2, 0)
 
 
-def test_a_batch_handed_out_sets_q_to_the_rate_it_was_drawn_with_before_its_step():
-    _model, _source, dp = _setup(ebs=8.0, q=0.5, sample_rate_source=lambda: 0.125)  # N = 16
-    dp.on_batch_handed_out()
-    assert (dp.sample_rate, dp.expected_batch_size) == (0.125, 2.0)
+def test_a_linked_step_releases_the_record_of_the_batch_handed_out_last():
+    _model, _source, dp = _setup(ebs=8.0, q=0.5)  # N = 16
+    loader = _RecordingLoader()
+    dp.follow_loader(loader)
+    charges = []
+    dp.add_charge_listener(charges.append)
+    loader.hand_out(BatchRecord(index=0, sample_rate=0.125))
+    dp.step()
+    assert [(c.sample_rate, c.batch_index) for c in charges] == [(0.125, 0)]
+    assert dp.expected_batch_size == 2.0
 
 
-def test_a_sample_rate_schedule_beside_a_sample_rate_source_is_refused_as_a_second_home_of_q():
-    with pytest.raises(ConfigError, match="both set q"):
-        _setup(ebs=8.0, q=0.5, sample_rate_source=lambda: 0.5,
-               sample_rate_schedule=StepSchedule(0.5, 1, 0.5))
+def test_releasing_a_record_that_is_not_the_batch_handed_out_last_is_refused():
+    _model, _source, dp = _setup(ebs=8.0, q=0.5)
+    loader = _RecordingLoader()
+    dp.follow_loader(loader)
+    charges = []
+    dp.add_charge_listener(charges.append)
+    stale = BatchRecord(index=0, sample_rate=0.5)
+    loader.hand_out(stale)
+    loader.hand_out(BatchRecord(index=1, sample_rate=0.125))
+    with pytest.raises(PrivacyError, match="batch 0 .* handed out last is batch 1"):
+        dp.release(stale)
+    assert charges == [] and dp.steps_taken == 0
 
 
 @pytest.mark.parametrize("argument", ["noise_multiplier", "sample_rate"])

@@ -56,7 +56,7 @@ def test_physical_chunks_give_the_step_of_the_whole_logical_batch():
 def test_a_step_returns_what_it_charged_and_charges_the_accountant_once():
     _, charge, result = _gradients_of_one_step(2)
     assert charge == Charge(noise_multiplier=0.0, sample_rate=0.5,
-                            batch_size=charge.batch_size)
+                            batch_size=charge.batch_size, step=0, batch_index=0)
     assert result.engine.accountant.history == [(0.0, 0.5, 1)]
 
 
