@@ -82,6 +82,18 @@ class PoissonBatchSampler(Sampler[list[int]]):
         #: this rank's share of every batch drawn (dptrain.data.sharding); None: all of it
         self.rank_share: Any = None
 
+    #: each example's part in a batch is decided by draws of its own (`draws_for`), so ranks in
+    #: secure mode may each draw only their own examples' (dptrain.data.sharding)
+    draws_per_example = True
+
+    def draws_for(self, candidates: torch.Tensor) -> torch.Tensor:
+        """The examples among `candidates` (LongTensor [n], in draw order) whose draws this
+        process makes: all of them, or, sharded over ranks, those its `rank_share` draws for
+        (`RankShare.drawn`: only its own in secure mode)."""
+        if self.rank_share is None:
+            return candidates
+        return self.rank_share.drawn(candidates, self.secure)
+
     def __len__(self) -> int:
         return self.steps
 
@@ -123,11 +135,13 @@ class PoissonBatchSampler(Sampler[list[int]]):
             listener()
 
     def draw(self) -> list[int]:
-        """One Poisson batch: the indices i with uniform_i < q (sorted; possibly empty)."""
+        """One Poisson batch: the indices i with uniform_i < q (sorted; possibly empty), the
+        uniforms drawn for `draws_for(range(N))`."""
         rate = self._rate()
-        mask = uniform(self.num_samples, self.generator, self.secure) < rate
+        candidates = self.draws_for(torch.arange(self.num_samples))
+        mask = uniform(len(candidates), self.generator, self.secure) < rate
         self.batches_drawn += 1
-        return mask.nonzero().flatten().tolist()
+        return candidates[mask].tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
         for _ in range(self.steps):
@@ -170,6 +184,8 @@ class ShuffleBatchSampler(PoissonBatchSampler):
 
     #: the selection in the words of a refusal
     mechanism = "sampling='shuffle'"
+    #: one permutation of all N examples, not a draw per example
+    draws_per_example = False
 
     def __init__(self, num_samples: int, sample_rate: float,
                  generator: torch.Generator | None = None, secure: bool = False) -> None:

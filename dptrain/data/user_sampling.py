@@ -70,6 +70,10 @@ class UserPoissonBatchSampler(PoissonBatchSampler):
         steps, generator, secure, sample_rate_schedule: as `PoissonBatchSampler` (over users).
     """
 
+    #: a user's coin decides all of its examples: secure rank sharding, which draws per owned
+    #: example, does not apply (dptrain.data.sharding)
+    draws_per_example = False
+
     def __init__(self, groups: list[Tensor], sample_rate: float,
                  max_examples_per_user: int | None = None, steps: int | None = None,
                  generator: torch.Generator | None = None, secure: bool = False,
