@@ -160,7 +160,7 @@ class CyclicPoissonBatchSampler(PoissonBatchSampler):
         """The examples this sampler may draw at a step of `group`, LongTensor [n]."""
         return (self.group_of == group).nonzero().flatten()
 
-    def draw(self) -> list[int]:
+    def draw_batch(self) -> list[int]:
         """One batch: each example of group (step mod groups) with probability groups * q (the
         coins drawn for `draws_for(members)`)."""
         members = self.draws_for(self._candidates(self.group_at(self.batches_drawn)))

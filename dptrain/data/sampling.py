@@ -135,6 +135,12 @@ class PoissonBatchSampler(Sampler[list[int]]):
             listener()
 
     def draw(self) -> list[int]:
+        """The next batch this process trains on: the scheme's `draw_batch()`, of which a
+        sampler sharded over ranks keeps this rank's share (dptrain.data.sharding)."""
+        batch = self.draw_batch()
+        return batch if self.rank_share is None else self.rank_share.keep(batch)
+
+    def draw_batch(self) -> list[int]:
         """One Poisson batch: the indices i with uniform_i < q (sorted; possibly empty), the
         uniforms drawn for `draws_for(range(N))`."""
         rate = self._rate()
@@ -148,7 +154,7 @@ class PoissonBatchSampler(Sampler[list[int]]):
             rate = self._rate()
             batch = self.draw()
             self.pending_rates.append(rate)
-            yield batch if self.rank_share is None else self.rank_share.keep(batch)
+            yield batch
 
     def state_dict(self) -> dict[str, Any]:
         """Batches drawn and, only for reproducible coins, the generator state (exact resume). A
@@ -212,7 +218,7 @@ class ShuffleBatchSampler(PoissonBatchSampler):
         """A new epoch's order: a permutation of range(N) (argsort of N uniforms)."""
         return torch.argsort(uniform(self.num_samples, self.generator, self.secure)).tolist()
 
-    def draw(self) -> list[int]:
+    def draw_batch(self) -> list[int]:
         """The next batch: slice (batches_drawn mod steps) of its epoch's shuffle."""
         epoch, position = divmod(self.batches_drawn, self.steps)
         order = self._order(epoch)

@@ -78,16 +78,10 @@ class RankShare:
 
 
 class RankSharded:
-    """What a sampler built sharded (the `Distributed*` samplers) shows of its `RankShare`: its
-    rank, world size and shard, and `draw()` returning this rank's share (as those samplers'
-    `draw` always did; iterating a sharded sampler keeps the share of any sampler's draw)."""
+    """What a sampler built sharded (the `Distributed*` samplers) shows of its `RankShare`."""
 
     rank_share: RankShare
     num_samples: int
-
-    def draw(self) -> list[int]:
-        """This rank's share of the next batch (keeping a share again changes nothing)."""
-        return self.rank_share.keep(super().draw())  # type: ignore[misc]
 
     @property
     def rank(self) -> int:
@@ -135,8 +129,8 @@ def check_same_sampling(num_samples: int, sample_rate: float, steps: int | None,
 
 def shard_sampler(sampler: Any, rank: int | None = None, world_size: int | None = None,
                   group: Any = None) -> Any:
-    """Make `sampler` (any dptrain batch sampler) yield this rank's share of every batch, and
-    return it. A collective over several processes: the ranks check that they sample alike,
+    """Make `sampler` (any dptrain batch sampler) yield this rank's share of every batch (its
+    `draw()` keeps the share of the scheme's `draw_batch()`), and return it. A collective over several processes: the ranks check that they sample alike,
     then, outside secure mode, take rank 0's generator state, and agree on whatever else the
     sampler needs shared (its `agree_over_ranks(group)`, e.g. cyclic Poisson's partition).
     ConfigError in secure mode for a sampler whose draws are not per example (see the module

@@ -102,10 +102,10 @@ class UserPoissonBatchSampler(PoissonBatchSampler):
         keep = uniform(len(rows), self.generator, self.secure).argsort()[:cap]
         return rows[keep.sort().values]
 
-    def draw(self) -> list[int]:
+    def draw_batch(self) -> list[int]:
         """One user-level Poisson batch: the (capped) examples of each user whose coin is < q,
         user by user; its user positions go to `pending_groups`."""
-        users = super().draw()
+        users = super().draw_batch()
         parts = [self._examples_of(u) for u in users]
         counts = torch.tensor([len(p) for p in parts], dtype=torch.int64)
         self.pending_groups.append(torch.repeat_interleave(torch.arange(len(parts)), counts))

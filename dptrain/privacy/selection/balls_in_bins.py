@@ -62,7 +62,7 @@ class BallsInBinsBatchSampler(ShuffleBatchSampler):
         bins[examples] = torch.clamp((draws * self.steps).long(), max=self.steps - 1)
         return bins.tolist()
 
-    def draw(self) -> list[int]:
+    def draw_batch(self) -> list[int]:
         """The next batch: the examples allocated to bin (batches_drawn mod steps) of its epoch."""
         epoch, position = divmod(self.batches_drawn, self.steps)
         order = self._order(epoch)
