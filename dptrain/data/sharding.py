@@ -183,5 +183,12 @@ def shard_loader(loader: Any, source: Any = None, rank: int | None = None,
     return loader
 
 
-__all__ = ["RankShare", "RankSharded", "check_same_sampling", "check_shard", "shard_loader",
-           "shard_sampler", "warn_distributed_sampler"]
+__all__ = [
+    "RankSharded",
+    "RankShare",
+    "check_same_sampling",
+    "check_shard",
+    "shard_loader",
+    "shard_sampler",
+    "warn_distributed_sampler",
+]

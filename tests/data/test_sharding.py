@@ -20,9 +20,12 @@ from dptrain.data.cyclic_sampling import (
     DistributedCyclicPoissonDataLoader,
     partition,
 )
-from dptrain.data.distributed import DistributedDPDataLoader, DistributedPoissonBatchSampler
+from dptrain.data.distributed import (
+    DistributedDPDataLoader,
+    DistributedPoissonBatchSampler,
+)
 from dptrain.data.sampling import DPDataLoader, PoissonBatchSampler, ShuffleBatchSampler
-from dptrain.data.sharding import RankShare, RankSharded, shard_sampler
+from dptrain.data.sharding import RankSharded, RankShare, shard_sampler
 from dptrain.data.user_sampling import UserPoissonBatchSampler
 from dptrain.errors import ConfigError
 from dptrain.privacy.selection import LoaderContext, Selection
