@@ -40,15 +40,15 @@ from typing import Any
 
 import torch
 
-from dptrain.data.distributed import check_same_sampling, check_shard
 from dptrain.data.sampling import (
     DPDataLoader,
     PoissonBatchSampler,
     _loader_kwargs,
     loader_sample_rate,
 )
+from dptrain.data.sharding import RankSharded, shard_sampler
 from dptrain.distributed.consistency import check_same_on_every_rank
-from dptrain.distributed.runtime import broadcast_object, get_rank, get_world_size, sync_generator
+from dptrain.distributed.runtime import broadcast_object, is_distributed
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.randomness import make_generator, secure_seed, uniform
 
@@ -160,9 +160,10 @@ class CyclicPoissonBatchSampler(PoissonBatchSampler):
         """The examples this sampler may draw at a step of `group`, LongTensor [n]."""
         return (self.group_of == group).nonzero().flatten()
 
-    def draw(self) -> list[int]:
-        """One batch: each example of group (step mod groups) with probability groups * q."""
-        members = self._candidates(self.group_at(self.batches_drawn))
+    def draw_batch(self) -> list[int]:
+        """One batch: each example of group (step mod groups) with probability groups * q (the
+        coins drawn for `draws_for(members)`)."""
+        members = self.draws_for(self._candidates(self.group_at(self.batches_drawn)))
         mask = uniform(len(members), self.generator, self.secure) < self.group_rate
         self.batches_drawn += 1
         return members[mask].tolist()
@@ -172,6 +173,22 @@ class CyclicPoissonBatchSampler(PoissonBatchSampler):
         next batch drawn is that of the next step handed out, of the group of that step."""
         self.batches_drawn -= len(self.pending)
         self.pending.clear()
+
+    def agree_over_ranks(self, group: Any = None) -> None:
+        """Sharded over ranks (`dptrain.data.sharding.shard_sampler`, a collective): every rank
+        must hold the same groups, so the same number of groups and rank 0's partition seed,
+        drawn now when unset (from the generator the ranks share, as its first draw, where one
+        process draws it at its first batch; or each rank's CSPRNG in secure mode) and taken
+        from rank 0. Without other processes an unset seed is left to the first batch."""
+        check_same_on_every_rank({"sampling_groups": self.groups}, "the cyclic Poisson loader",
+                                 "every rank must split the data into the same number of groups "
+                                 "(privacy.sampling_groups).", group=group)
+        mine = self.partition_seed
+        if mine is None and is_distributed():
+            mine = self.new_partition_seed()
+        seed = broadcast_object(mine, group=group)
+        if seed != self.partition_seed:
+            self.partition_seed, self._group = seed, None   # groups drawn again from rank 0's
 
     # -- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -227,37 +244,19 @@ class CyclicPoissonBatchSampler(PoissonBatchSampler):
         self.partition_seed, self.partition_kind, self._group = seed, kind, group
 
 
-class DistributedCyclicPoissonBatchSampler(CyclicPoissonBatchSampler):
-    """This rank's part of each cyclic Poisson batch: the sampled members i of the step's group
-    with i % W == rank (every rank holds the same partition, broadcast from rank 0).
-
-    Generator mode: every rank holds the same generator state and draws the coins of the whole
-    group, keeping its shard (the union is the batch one process would draw). Secure mode: each
-    rank draws the coins of its own members of the group from the OS CSPRNG.
-    """
+class DistributedCyclicPoissonBatchSampler(RankSharded, CyclicPoissonBatchSampler):
+    """This rank's part of each cyclic Poisson batch: a `CyclicPoissonBatchSampler` sharded when
+    built (`dptrain.data.sharding.shard_sampler`, a collective over several processes): the
+    sampled members i of the step's group with i % W == rank, every rank holding rank 0's
+    partition (`agree_over_ranks`)."""
 
     def __init__(self, num_samples: int, sample_rate: float, groups: int, *,
-                 rank: int | None = None, world_size: int | None = None,
+                 rank: int | None = None, world_size: int | None = None, group: Any = None,
                  steps: int | None = None, generator: torch.Generator | None = None,
                  secure: bool = False) -> None:
         super().__init__(num_samples, sample_rate, groups, steps=steps, generator=generator,
                          secure=secure)
-        self.rank = get_rank() if rank is None else rank
-        self.world_size = get_world_size() if world_size is None else world_size
-        check_shard(self.num_samples, self.rank, self.world_size)
-
-    def draw(self) -> list[int]:
-        """This rank's indices of one cyclic Poisson batch (sorted; possibly empty)."""
-        members = self._candidates(self.group_at(self.batches_drawn))
-        mine = members % self.world_size == self.rank
-        if self.secure:
-            mask = uniform(int(mine.sum()), None, True) < self.group_rate
-            picked = members[mine][mask]
-        else:
-            mask = uniform(len(members), self.generator, False) < self.group_rate  # shared
-            picked = members[mine & mask]
-        self.batches_drawn += 1
-        return picked.tolist()
+        shard_sampler(self, rank, world_size, group)
 
 
 class CyclicPoissonDataLoader(DPDataLoader):
@@ -294,24 +293,13 @@ class CyclicPoissonDataLoader(DPDataLoader):
 class DistributedCyclicPoissonDataLoader(CyclicPoissonDataLoader):
     """A CyclicPoissonDataLoader whose batch sampler is a `DistributedCyclicPoissonBatchSampler`:
     each rank's loader yields that rank's shard of every logical batch (q and the groups are
-    those of the whole dataset). Building it is a collective: the ranks check that they sample
-    alike, take rank 0's sampling generator state (outside secure mode) and rank 0's partition
-    seed."""
+    those of the whole dataset). Building it is a collective."""
 
     def __init__(self, dataset: Any, sample_rate: float, *, groups: int,
                  rank: int | None = None, world_size: int | None = None, group: Any = None,
                  steps: int | None = None, generator: torch.Generator | None = None,
                  secure: bool = False, collate_fn: Any = None, **loader_kwargs: Any) -> None:
-        check_same_sampling(len(dataset), sample_rate, steps, secure, False, group=group,
-                            reproducible=generator is not None and not secure)
-        check_same_on_every_rank({"sampling_groups": groups}, "the cyclic Poisson loader",
-                                 "every rank must split the data into the same number of groups "
-                                 "(privacy.sampling_groups).", group=group)
         sampler = DistributedCyclicPoissonBatchSampler(
-            len(dataset), sample_rate, groups, rank=get_rank(group) if rank is None else rank,
-            world_size=get_world_size(group) if world_size is None else world_size, steps=steps,
-            generator=generator, secure=secure)
-        if not secure:
-            sync_generator(sampler.generator, group=group)
-        sampler.partition_seed = int(broadcast_object(sampler.new_partition_seed(), group=group))
+            len(dataset), sample_rate, groups, rank=rank, world_size=world_size, group=group,
+            steps=steps, generator=generator, secure=secure)
         self._init_loader(dataset, sampler, collate_fn, loader_kwargs)

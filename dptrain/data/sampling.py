@@ -85,6 +85,18 @@ class PoissonBatchSampler(Sampler[list[int]]):
         #: this rank's share of every batch drawn (dptrain.data.sharding); None: all of it
         self.rank_share: Any = None
 
+    #: each example's part in a batch is decided by draws of its own (`draws_for`), so ranks in
+    #: secure mode may each draw only their own examples' (dptrain.data.sharding)
+    draws_per_example = True
+
+    def draws_for(self, candidates: torch.Tensor) -> torch.Tensor:
+        """The examples among `candidates` (LongTensor [n], in draw order) whose draws this
+        process makes: all of them, or, sharded over ranks, those its `rank_share` draws for
+        (`RankShare.drawn`: only its own in secure mode)."""
+        if self.rank_share is None:
+            return candidates
+        return self.rank_share.drawn(candidates, self.secure)
+
     def __len__(self) -> int:
         return self.steps
 
@@ -132,24 +144,29 @@ class PoissonBatchSampler(Sampler[list[int]]):
             listener()
 
     def draw_record(self) -> BatchRecord:
-        """Draw the next batch (`draw`) and make its record: its index, the q it was drawn with
-        and this rank's share of its rows."""
+        """Draw the next batch (`draw`: this rank's share) and make its record: its index, the
+        q it was drawn with and the rows."""
         index, rate = self.batches_drawn, self._rate()
-        batch = self.draw()
-        if self.rank_share is not None:
-            batch = self.rank_share.keep(batch)
-        return self._record(index, rate, batch)
+        return self._record(index, rate, self.draw())
 
     def _record(self, index: int, rate: float, batch: list[int]) -> BatchRecord:
         """The record of batch `index` (a sampler with more to say about a batch adds it)."""
         return BatchRecord(index=index, sample_rate=rate, indices=tuple(batch))
 
     def draw(self) -> list[int]:
-        """One Poisson batch: the indices i with uniform_i < q (sorted; possibly empty)."""
+        """The next batch this process trains on: the scheme's `draw_batch()`, of which a
+        sampler sharded over ranks keeps this rank's share (dptrain.data.sharding)."""
+        batch = self.draw_batch()
+        return batch if self.rank_share is None else self.rank_share.keep(batch)
+
+    def draw_batch(self) -> list[int]:
+        """One Poisson batch: the indices i with uniform_i < q (sorted; possibly empty), the
+        uniforms drawn for `draws_for(range(N))`."""
         rate = self._rate()
-        mask = uniform(self.num_samples, self.generator, self.secure) < rate
+        candidates = self.draws_for(torch.arange(self.num_samples))
+        mask = uniform(len(candidates), self.generator, self.secure) < rate
         self.batches_drawn += 1
-        return mask.nonzero().flatten().tolist()
+        return candidates[mask].tolist()
 
     def __iter__(self) -> Iterator[list[int]]:
         for _ in range(self.steps):
@@ -191,6 +208,8 @@ class ShuffleBatchSampler(PoissonBatchSampler):
 
     #: the selection in the words of a refusal
     mechanism = "sampling='shuffle'"
+    #: one permutation of all N examples, not a draw per example
+    draws_per_example = False
 
     def __init__(self, num_samples: int, sample_rate: float,
                  generator: torch.Generator | None = None, secure: bool = False) -> None:
@@ -217,7 +236,7 @@ class ShuffleBatchSampler(PoissonBatchSampler):
         """A new epoch's order: a permutation of range(N) (argsort of N uniforms)."""
         return torch.argsort(uniform(self.num_samples, self.generator, self.secure)).tolist()
 
-    def draw(self) -> list[int]:
+    def draw_batch(self) -> list[int]:
         """The next batch: slice (batches_drawn mod steps) of its epoch's shuffle."""
         epoch, position = divmod(self.batches_drawn, self.steps)
         order = self._order(epoch)

@@ -5,8 +5,8 @@ sampled user then contributes its examples, at most `max_examples_per_user` of t
 uniformly at random, from the same coin source, when it has more). The batch lists the examples
 user by user (contiguous), and the sampler records, per batch, the user position of each example:
 a `Tensor[B]` of int64 in `[0, U)` (U the batch's users, non-decreasing), handed to the DP
-optimizer's user-level clipper (`dptrain.privacy.user_level`) with the batch, as the batch's q is
-(`PoissonBatchSampler.pending_rates`). A collate function that reorders the examples reports how
+optimizer's user-level clipper (`dptrain.privacy.user_level`) in the batch's record, beside its q
+(`BatchRecord.user_groups`). A collate function that reorders the examples reports how
 (`dptrain.data.row_order`), and the record follows the rows; one that cannot say is refused.
 
 This is user-level sampling as in Charles et al. 2024 and Chua et al. 2024 (ULS), as opposed to
@@ -71,6 +71,10 @@ class UserPoissonBatchSampler(PoissonBatchSampler):
         steps, generator, secure, sample_rate_schedule: as `PoissonBatchSampler` (over users).
     """
 
+    #: a user's coin decides all of its examples: secure rank sharding, which draws per owned
+    #: example, does not apply (dptrain.data.sharding)
+    draws_per_example = False
+
     def __init__(self, groups: list[Tensor], sample_rate: float,
                  max_examples_per_user: int | None = None, steps: int | None = None,
                  generator: torch.Generator | None = None, secure: bool = False,
@@ -96,10 +100,10 @@ class UserPoissonBatchSampler(PoissonBatchSampler):
         keep = uniform(len(rows), self.generator, self.secure).argsort()[:cap]
         return rows[keep.sort().values]
 
-    def draw(self) -> list[int]:
+    def draw_batch(self) -> list[int]:
         """One user-level Poisson batch: the (capped) examples of each user whose coin is < q,
         user by user; its user positions go to its record (`_record`)."""
-        users = super().draw()
+        users = super().draw_batch()
         parts = [self._examples_of(u) for u in users]
         counts = torch.tensor([len(p) for p in parts], dtype=torch.int64)
         self._drawn_groups = torch.repeat_interleave(torch.arange(len(parts)), counts)

@@ -1,7 +1,8 @@
 """Distributed DP-SGD on torch.distributed: many processes, privacy unchanged.
 
 * `DistributedPoissonBatchSampler` / `DistributedDPDataLoader`: each rank samples its
-  rank-strided shard; the union is a Poisson sample of the whole dataset with rate q.
+  rank-strided shard; the union is a Poisson sample of the whole dataset with rate q (a Poisson
+  sampler sharded by `dptrain.data.sharding`, the rule of every selection scheme).
 * `DistributedDPOptimizer`: clipped sums all-reduced across ranks, noise added once (rank 0).
 * `unwrap_ddp`: `make_private` accepts a DistributedDataParallel model.
 * `ShardedDPOptimizer`, `shard_model`, `model_state_dict`, `load_model_state_dict`: `make_private`

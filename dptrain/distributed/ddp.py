@@ -11,7 +11,8 @@
   different numbers of forward passes, which DDP's per-forward collectives cannot survive.
   Constructing DDP still does its useful part: it broadcasts rank 0's parameters and buffers, so
   every rank starts from the same model.
-* The loader becomes a `DistributedDPDataLoader` (each rank samples its shard; q is global) and
+* The loader's sampler is sharded (`dptrain.data.sharding`: each rank yields its shard of every
+  batch; q is global) and
   the optimizer a `DistributedDPOptimizer` (clipped sums all-reduced, noise added once).
 """
 

@@ -116,3 +116,67 @@ def test_by_default_the_ranks_sampling_seed_is_not_fixed_by_the_public_seed(defa
     first, second = default_ranks[0]["loaders"]
     assert not torch.equal(first["state"], second["state"])
     assert first["batches"] != second["batches"]
+
+
+# -- every selection strategy through the one sharding rule, over real gloo ranks ---------------
+SHARDED_KINDS = {"poisson": (0.25, 1), "cyclic_poisson": (0.1, 3), "balls_in_bins": (0.25, 1),
+                 "shuffle": (0.25, 1)}
+
+
+def strategy_loader(kind: str, seed: int, distributed: bool, secure: bool = False):
+    """The private loader of selection `kind` over range(N), as make_private builds it."""
+    from dptrain.privacy.selection import LoaderContext, Selection
+
+    q, groups = SHARDED_KINDS[kind]
+    context = LoaderContext(generator=None if secure else torch.Generator().manual_seed(seed),
+                            secure=secure, distributed=distributed)
+    data = DataLoader(TensorDataset(torch.arange(workers.N)), batch_size=round(q * workers.N))
+    return Selection(q, kind=kind, groups=groups).private_loader(data, context)
+
+
+def strategies_worker(rank: int, world_size: int, port: int) -> dict:
+    """Each kind's loader built with a rank-specific seed (rank 0's generator must win), two
+    epochs of this rank's batches; and the secure loaders' batches."""
+    workers.init_gloo(rank, world_size, port)
+    result: dict = {}
+    for kind in SHARDED_KINDS:
+        loader = strategy_loader(kind, seed=100 + rank, distributed=True)
+        result[kind] = [b.tolist() for _ in range(2) for (b,) in loader]
+        if kind != "shuffle":
+            secure = strategy_loader(kind, seed=0, distributed=True, secure=True)
+            result[f"{kind}_secure"] = [b.tolist() for _ in range(2) for (b,) in secure]
+            result[f"{kind}_secure_seed"] = getattr(secure.batch_sampler, "partition_seed", None)
+    return result
+
+
+def test_every_strategys_rank_shares_make_up_the_one_process_batch_of_rank_0s_generator(tmp_path):
+    from dptrain.data.cyclic_sampling import partition
+
+    ranks = workers.run_ranks(strategies_worker, tmp_path)
+    for result in ranks:
+        assert "crash" not in result, result.get("crash")
+    world = len(ranks)
+    for kind in SHARDED_KINDS:
+        reference = strategy_loader(kind, seed=100, distributed=False)
+        single = [b.tolist() for _ in range(2) for (b,) in reference]
+        for step, batch in enumerate(single):
+            parts = [rank[kind][step] for rank in ranks]
+            assert all(i % world == r for r, part in enumerate(parts) for i in part), kind
+            assert sorted(i for part in parts for i in part) == batch, (kind, step)
+        if kind == "shuffle":
+            continue
+        secure = [rank[f"{kind}_secure"] for rank in ranks]
+        for r, batches in enumerate(secure):
+            assert all(i % world == r for batch in batches for i in batch)
+        if kind == "balls_in_bins":   # every example once an epoch, over the ranks
+            steps = len(secure[0]) // 2
+            for epoch in range(2):
+                got = sorted(i for b in secure for batch in b[epoch * steps:(epoch + 1) * steps]
+                             for i in batch)
+                assert got == list(range(workers.N))
+        if kind == "cyclic_poisson":  # rank 0's partition on every rank
+            seeds = {rank[f"{kind}_secure_seed"] for rank in ranks}
+            assert len(seeds) == 1 and None not in seeds
+            group = partition(workers.N, 3, seeds.pop())
+            for batches in secure:
+                assert all(int(group[i]) == s % 3 for s, b in enumerate(batches) for i in b)

@@ -18,8 +18,8 @@ The index stream is `BallsInBinsBatchSampler`: an epoch's allocation is N unifor
 until the epoch ends (a mid-epoch resume continues the same allocation when it was saved, which
 only reproducible randomness does; otherwise a resume must start at an epoch boundary, as with
 shuffled batches). Over several ranks, every rank draws the same allocation and keeps its share
-(`dptrain.data.sharding`); in secure mode each rank draws the bins of its own examples from its
-own CSPRNG, which is the same allocation's distribution (each example's bin is its own draw).
+(`dptrain.data.sharding`); in secure mode each rank draws only the bins of its own examples, from
+its own CSPRNG, which is the same allocation's distribution (each example's bin is its own draw).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from typing import Any, ClassVar
 import torch
 
 from dptrain.data.sampling import ShuffleBatchSampler, ShuffleDataLoader
-from dptrain.data.sharding import shard_sampler
 from dptrain.privacy.selection.base import LoaderContext, Selection
 from dptrain.randomness import uniform
 
@@ -50,12 +49,20 @@ class BallsInBinsBatchSampler(ShuffleBatchSampler):
     #: epoch, not once a batch
     _as_tensor: tuple[list[int], torch.Tensor] | None = None
 
-    def _draw_epoch(self) -> list[int]:
-        """A new epoch's allocation: the bin of each example, uniform in [0, steps), [N]."""
-        draws = uniform(self.num_samples, self.generator, self.secure)  # [N] in [0, 1)
-        return torch.clamp((draws * self.steps).long(), max=self.steps - 1).tolist()
+    #: each example's bin is its own draw (secure rank shares draw only their own examples')
+    draws_per_example = True
 
-    def draw(self) -> list[int]:
+    def _draw_epoch(self) -> list[int]:
+        """A new epoch's allocation: the bin of each example, uniform in [0, steps), [N]; the
+        bins drawn for `draws_for(range(N))`, the others (another rank's examples, in secure
+        mode) -1, in no batch of this rank."""
+        examples = self.draws_for(torch.arange(self.num_samples))
+        draws = uniform(len(examples), self.generator, self.secure)  # [n] in [0, 1)
+        bins = torch.full((self.num_samples,), -1, dtype=torch.long)
+        bins[examples] = torch.clamp((draws * self.steps).long(), max=self.steps - 1)
+        return bins.tolist()
+
+    def draw_batch(self) -> list[int]:
         """The next batch: the examples allocated to bin (batches_drawn mod steps) of its epoch."""
         epoch, position = divmod(self.batches_drawn, self.steps)
         order = self._order(epoch)
@@ -90,9 +97,7 @@ class BallsInBins(Selection):
         loader = BallsInBinsDataLoader.from_data_loader(
             data_loader, sample_rate=self.sample_rate, generator=context.generator,
             secure=context.secure)
-        if context.distributed:
-            shard_sampler(loader.poisson_sampler)
-        return loader
+        return context.shard(loader, data_loader)
 
 
 __all__ = ["BallsInBins", "BallsInBinsBatchSampler", "BallsInBinsDataLoader"]

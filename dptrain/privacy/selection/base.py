@@ -30,6 +30,7 @@ import torch
 from dptrain.accounting.events import SUBSTITUTION, AccountingEvent
 from dptrain.accounting.history import steps_per_epoch
 from dptrain.checks import check_sample_rate
+from dptrain.data.sharding import shard_loader
 from dptrain.errors import ConfigError, PrivacyError
 
 if TYPE_CHECKING:  # annotations only: the plan imports this module
@@ -87,6 +88,12 @@ class LoaderContext:
     allow_non_poisson: bool = False
     distributed: bool = False
     sharded: bool = False
+
+    def shard(self, loader: Any, data_loader: Any) -> Any:
+        """`loader` (built over `data_loader`'s whole dataset), yielding this rank's share of
+        every batch when the model is distributed (`dptrain.data.sharding.shard_loader`, a
+        collective: the one rank-sharding rule of every selection), else unchanged."""
+        return shard_loader(loader, data_loader) if self.distributed else loader
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from dptrain.data.cyclic_sampling import (
-    CyclicPoissonDataLoader,
-    DistributedCyclicPoissonDataLoader,
-    check_groups,
-)
+from dptrain.data.cyclic_sampling import CyclicPoissonDataLoader, check_groups
 from dptrain.errors import ConfigError
 from dptrain.privacy.selection.base import LoaderContext, Selection
 from dptrain.privacy.selection.poisson import check_banded_separation
@@ -54,6 +50,7 @@ class CyclicPoisson(Selection):
                 "privacy.noise=independent with privacy.sampling=poisson under hardware=fsdp.")
 
     def private_loader(self, data_loader: Any, context: LoaderContext) -> Any:
-        cls = DistributedCyclicPoissonDataLoader if context.distributed else CyclicPoissonDataLoader
-        return cls.from_data_loader(data_loader, sample_rate=self.sample_rate, groups=self.groups,
-                                    generator=context.generator, secure=context.secure)
+        loader = CyclicPoissonDataLoader.from_data_loader(
+            data_loader, sample_rate=self.sample_rate, groups=self.groups,
+            generator=context.generator, secure=context.secure)
+        return context.shard(loader, data_loader)

@@ -1,13 +1,12 @@
 """Poisson sampling: each example joins each batch independently with probability q (amplified
-accounting, add/remove). The index stream is dptrain.data.sampling.PoissonBatchSampler (and its
-rank-sharded dptrain.data.distributed variant)."""
+accounting, add/remove). The index stream is dptrain.data.sampling.PoissonBatchSampler (sharded
+over ranks by dptrain.data.sharding, as every selection's)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from dptrain.data.distributed import DistributedDPDataLoader
 from dptrain.data.sampling import DPDataLoader
 from dptrain.errors import ConfigError
 from dptrain.privacy.selection.base import LoaderContext, Selection, noise_bands
@@ -47,7 +46,7 @@ class Poisson(Selection):
         check_banded_separation(self, strategy)
 
     def private_loader(self, data_loader: Any, context: LoaderContext) -> Any:
-        cls = DistributedDPDataLoader if context.distributed else DPDataLoader
-        return cls.from_data_loader(data_loader, sample_rate=self.sample_rate,
-                                    generator=context.generator, secure=context.secure,
-                                    sample_rate_schedule=context.rate_schedule)
+        loader = DPDataLoader.from_data_loader(data_loader, sample_rate=self.sample_rate,
+                                               generator=context.generator, secure=context.secure,
+                                               sample_rate_schedule=context.rate_schedule)
+        return context.shard(loader, data_loader)

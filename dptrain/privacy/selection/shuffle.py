@@ -44,6 +44,7 @@ class Shuffle(Selection):
         raise refuse_distributed_given_batches()
 
     def private_loader(self, data_loader: Any, context: LoaderContext) -> Any:
-        return ShuffleDataLoader.from_data_loader(data_loader, sample_rate=self.sample_rate,
-                                                  generator=context.generator,
-                                                  secure=context.secure)
+        loader = ShuffleDataLoader.from_data_loader(data_loader, sample_rate=self.sample_rate,
+                                                    generator=context.generator,
+                                                    secure=context.secure)
+        return context.shard(loader, data_loader)   # (check_distributed refuses DDP/FSDP today)
