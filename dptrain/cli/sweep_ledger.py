@@ -138,7 +138,10 @@ def _charge(data: dict[str, Any]) -> SelectionAccounting | None:
     if data.get("accounting") is not None:
         return None
     if data.get("plan"):
-        event = ledger_sampling(data)
+        try:
+            event = ledger_sampling(data)
+        except DPTrainError:   # a plan this version cannot rebuild: not composed, never guessed
+            return None
         return event.traits if event.plain else None
     return _registered(str((data.get("mechanism") or {}).get("sampling", UNRECORDED_SAMPLING)))
 
@@ -225,9 +228,8 @@ def _not_composed(entries: list[dict[str, Any]],
         if not entry.get("private") or (charge is not None and charge.composes):
             continue
         reason = (charge.not_composed if charge is not None else
-                  "its steps are charged as one correlated-noise event over the whole run "
-                  "(correlated noise or cyclic sampling groups), which has no per-run curve "
-                  "to compose")
+                  "its ledger records a charge with no per-run curve to compose (correlated "
+                  "noise or cyclic sampling groups: one event over the whole run)")
         why.setdefault(reason, []).append(entry["job"])
     if not why:
         return None

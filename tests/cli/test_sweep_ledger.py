@@ -158,7 +158,7 @@ def test_a_job_with_correlated_noise_makes_the_cost_unknown_not_composed_as_pois
     path.write_text(json.dumps(data))
     cost = sweep_cost(tmp_path)
     assert cost["epsilon"] is None
-    assert "job(s) 1: its steps are charged as one correlated-noise event" in \
+    assert "job(s) 1: its ledger records a charge with no per-run curve to compose" in \
         cost["cost"]["all_composed"]["reason"]
 
 
