@@ -67,7 +67,7 @@ from scipy import special
 from dptrain.accounting.base import Accountant
 from dptrain.accounting.gdp import gdp_epsilon
 from dptrain.accounting.history import History, steps_per_epoch as epoch_length
-from dptrain.accounting.rdp import rdp_to_delta, rdp_to_epsilon
+from dptrain.accounting.rdp import ADD, REMOVE, rdp_to_delta, rdp_to_epsilon
 from dptrain.accounting.shuffle import epoch_sigmas
 from dptrain.checks import check_delta, check_noise_multiplier, check_steps
 from dptrain.errors import PrivacyError
@@ -289,6 +289,25 @@ def _composed_curve(k: int, sigmas: list[float]) -> np.ndarray:
     """RDP curve [len(ADD_ORDERS)] of epochs of the given sigmas composed: per epoch the larger
     of the two directions at each order (`rdp`), added (adaptive composition of Renyi DP)."""
     return sum((rdp(s, k, 1) for s in sigmas), np.zeros(len(ADD_ORDERS)))
+
+
+#: each direction's curve of one run and the integer orders it is computed at
+DIRECTION_CURVES = {REMOVE: rdp_remove, ADD: rdp_add}
+DIRECTION_ORDERS = {REMOVE: DEFAULT_ORDERS, ADD: ADD_ORDERS}
+
+
+def history_rdp(history: History, orders: Sequence[int], direction: str) -> np.ndarray:
+    """RDP curve [len(orders)] (nats) of a run's (sigma, q, steps) history in one `direction` of
+    the add/remove pair (rdp.REMOVE: D(with || without), orders 2..MAX_ORDER; rdp.ADD:
+    D(without || with), orders 2..ADD_MAX_ORDER: DIRECTION_ORDERS): each epoch's curve
+    (`rdp_remove` / `rdp_add`) at its smallest sigma, added. Another run's curve of the same
+    direction adds to it (adaptive composition of Renyi DP): how a sweep composes its jobs."""
+    if not history:
+        return np.zeros(len(orders))
+    k, sigmas = _epochs(history)
+    curve = DIRECTION_CURVES[direction]
+    return sum((curve(s, k, sigmas.count(s), orders) for s in sorted(set(sigmas))),
+               np.zeros(len(orders)))
 
 
 def history_epsilon(history: History, delta: float) -> float:

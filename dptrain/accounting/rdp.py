@@ -30,6 +30,11 @@ DEFAULT_ORDERS: tuple[float, ...] = tuple(
     + [64.0, 80.0, 96.0, 128.0, 160.0, 192.0, 256.0, 384.0, 512.0, 768.0, 1024.0]
 )
 CONVERSIONS = ("tight", "classic")
+# The two orders of a pair of neighbouring datasets under add/remove, whose Renyi divergences may
+# differ: D(with || without), the "remove" direction, and D(without || with), "add". Runs charged
+# under different analyses compose by adding their curves direction by direction.
+REMOVE, ADD = "remove", "add"
+DIRECTIONS = (REMOVE, ADD)
 MAX_DISTINCT_PAIRS = 128  # more distinct (sigma, q) pairs are coarsened (see coarsen_history)
 
 _TERM_CUTOFF = 34.0  # stop a series once n * (its last terms) are e^-34 below its largest term
@@ -129,6 +134,14 @@ def rdp_of_history(history: History, orders: Sequence[float] = DEFAULT_ORDERS) -
     return total
 
 
+def history_rdp(history: History, orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarray:
+    """The RDP accountant's curve of a Poisson-sampled history, shape [len(orders)], nats:
+    `rdp_of_history` after coarsening more than MAX_DISTINCT_PAIRS distinct (sigma, q) pairs.
+    It bounds both directions of an add/remove pair (Mironov, Talwar, Zhang 2019: removing the
+    example is the worse direction for the sampled Gaussian), so it serves as either."""
+    return rdp_of_history(coarsen_history(history, MAX_DISTINCT_PAIRS), orders)
+
+
 def _epsilon_per_order(rdp: np.ndarray, orders: np.ndarray, delta: float, conversion: str) -> np.ndarray:
     if conversion == "classic":
         return rdp + math.log(1 / delta) / (orders - 1)
@@ -205,7 +218,7 @@ class RDPAccountant(Accountant):
         return other.get_epsilon(delta)
 
     def _rdp(self, runs: History) -> np.ndarray:
-        return rdp_of_history(coarsen_history(runs, MAX_DISTINCT_PAIRS), self.orders)
+        return history_rdp(runs, self.orders)
 
     def _epsilon(self, runs: History, delta: float) -> float:
         return rdp_to_epsilon(self._rdp(runs), self.orders, delta, self.conversion)[0]

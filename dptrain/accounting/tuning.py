@@ -5,6 +5,8 @@ validation or test score costs more than that run's own epsilon. Two bounds:
 
 * **All runs composed** (`composed_epsilon`): the runs' histories concatenated into one and
   accounted as one (any accountant). It holds for any selection rule, whatever the number of runs.
+  Runs charged under different analyses (Poisson, random allocation: `composed_rdp_epsilon`)
+  compose as RDP curves added in each direction of add/remove, each converted at delta.
 * **A random number of runs** (Papernot and Steinke, ICLR 2022, "Hyperparameter tuning with Renyi
   differential privacy"): run K trials, K drawn from `Trials` independently of the data, each with
   hyperparameters drawn from a fixed distribution, and release only the best. If one trial is
@@ -36,12 +38,13 @@ import numpy as np
 from dptrain.accounting.history import History, merge_history
 from dptrain.accounting.rdp import (
     DEFAULT_ORDERS,
-    RDPAccountant,
+    DIRECTIONS,
     check_orders,
     rdp_to_delta,
     rdp_to_epsilon,
 )
 from dptrain.accounting.registry import compute_epsilon
+from dptrain.accounting.selections import SelectionAccounting, selection_accounting
 from dptrain.checks import check_delta, is_real
 from dptrain.errors import PrivacyError
 
@@ -162,30 +165,71 @@ def rdp_repeat_and_select(per_trial_rdp: Sequence[float], orders: Sequence[float
     return _non_decreasing(np.where(np.isnan(out), math.inf, out), orders_a)
 
 
-def per_trial_rdp(histories: Iterable[History],
-                  orders: Sequence[float] = DEFAULT_ORDERS) -> np.ndarray:
-    """The worst trial's RDP [len(orders)]: the elementwise max of the RDP accountant's curves of
-    `histories`. Repeat-and-select needs one bound every trial satisfies, so `histories` must
-    cover every hyperparameter setting a trial can draw (the grid's planned histories), not only
-    the trials that ran."""
+def _charges(histories: list[History],
+             charged_as: Sequence[SelectionAccounting] | None) -> list[SelectionAccounting]:
+    """How each of `histories` is charged: `charged_as` (one per history; each must compose,
+    SelectionAccounting.rdp), or Poisson DP-SGD for all when None."""
+    charges = ([selection_accounting("poisson")] * len(histories) if charged_as is None
+               else list(charged_as))
+    if len(charges) != len(histories):
+        raise PrivacyError(f"charged_as has {len(charges)} entries for {len(histories)} "
+                           "histories: give one per history.")
+    for charge in charges:
+        if not charge.composes:
+            raise PrivacyError(f"runs charged as {charge.name} do not compose: "
+                               f"{charge.not_composed}.")
+    return charges
+
+
+def composition_orders(charged_as: Iterable[SelectionAccounting],
+                       directions: Sequence[str] = DIRECTIONS) -> tuple[float, ...]:
+    """The RDP orders at which every one of `charged_as` has a curve in every one of
+    `directions` (SelectionAccounting.rdp_orders): DEFAULT_ORDERS when none restricts them
+    (Poisson alone), else the orders they share (random allocation: integers)."""
+    allowed = [set(map(float, charge.rdp_orders[d])) for charge in charged_as
+               if charge.rdp_orders is not None for d in directions]
+    if not allowed:
+        return DEFAULT_ORDERS
+    shared = tuple(sorted(set.intersection(*allowed)))
+    if not shared:
+        raise PrivacyError("the runs' RDP curves share no order: they cannot be composed.")
+    return shared
+
+
+def _rdp_curve(history: History, charge: SelectionAccounting, orders: tuple[float, ...],
+               directions: Sequence[str]) -> np.ndarray:
+    """The larger at each order of `history`'s curves [len(orders)] in `directions`."""
+    return np.max(np.stack([charge.rdp(history, orders, d) for d in directions]), axis=0)
+
+
+def per_trial_rdp(histories: Iterable[History], orders: Sequence[float] = DEFAULT_ORDERS,
+                  charged_as: Sequence[SelectionAccounting] | None = None) -> np.ndarray:
+    """The worst trial's RDP [len(orders)]: the elementwise max of the curves of `histories`
+    (Poisson DP-SGD's, the RDP accountant's, or as `charged_as` says, one per history: then
+    each curve is the larger of the add/remove pair's two directions, since a trial's RDP must
+    hold for either dataset of a pair in either order). Repeat-and-select needs one bound every
+    trial satisfies, so `histories` must cover every hyperparameter setting a trial can draw
+    (the grid's planned histories), not only the trials that ran."""
     orders_t = check_orders(orders)
-    curves = []
-    for history in histories:
-        accountant = RDPAccountant.from_history(history)
-        accountant.orders = orders_t
-        curves.append(accountant.get_rdp())
+    histories = list(histories)
+    curves = [_rdp_curve(h, charge, orders_t, DIRECTIONS)
+              for h, charge in zip(histories, _charges(histories, charged_as))]
     if not curves:
         raise PrivacyError("per_trial_rdp needs the history of at least one trial.")
     return np.max(np.stack(curves), axis=0)
 
 
 def repeat_and_select_epsilon(histories: Iterable[History], trials: Trials, delta: float,
-                              orders: Sequence[float] = DEFAULT_ORDERS,
-                              conversion: str = "tight") -> float:
+                              orders: Sequence[float] | None = None,
+                              conversion: str = "tight",
+                              charged_as: Sequence[SelectionAccounting] | None = None) -> float:
     """Epsilon (nats) at `delta` of releasing the best of K ~ `trials` trials, each bounded by the
-    worst RDP curve of `histories` (the trials' histories), under the RDP accountant."""
-    orders_t = check_orders(orders)
-    rdp = rdp_repeat_and_select(per_trial_rdp(list(histories), orders_t), orders_t, trials,
+    worst RDP curve of `histories` (the trials' histories, charged as Poisson DP-SGD or as
+    `charged_as` says, one per history), at `orders` (default: `composition_orders`)."""
+    histories = list(histories)
+    charges = _charges(histories, charged_as)
+    orders_t = check_orders(composition_orders(charges) if orders is None else orders)
+    rdp = rdp_repeat_and_select(per_trial_rdp(histories, orders_t, charges), orders_t, trials,
                                 conversion)
     return rdp_to_epsilon(rdp, orders_t, check_delta(delta), conversion)[0]
 
@@ -197,5 +241,30 @@ def compose_histories(histories: Iterable[History]) -> History:
 
 def composed_epsilon(histories: Iterable[History], delta: float, accountant: str = "rdp") -> float:
     """Epsilon (nats) at `delta` of all `histories` composed, under `accountant`: what releasing
-    anything chosen from all of them costs at most."""
+    anything chosen from all of them costs at most (Poisson DP-SGD histories, concatenated)."""
     return compute_epsilon(compose_histories(histories), delta, accountant)
+
+
+def composed_rdp_epsilon(histories: Iterable[History], charged_as: Sequence[SelectionAccounting],
+                         delta: float, conversion: str = "tight") -> float:
+    """Epsilon (nats) at `delta` of all `histories` composed, each charged as `charged_as` says
+    (Poisson, random allocation: any that compose, one per history), under add/remove.
+
+    In each direction of the pair (rdp.REMOVE, rdp.ADD) the runs' RDP curves are added, at the
+    orders every run has a curve at in that direction (adaptive composition of Renyi DP: each
+    run may depend on the earlier ones' outputs), and converted at `delta`; the larger of the
+    two directions' epsilons holds for every ordered pair of neighbouring datasets. Converting
+    each direction on its own is never looser than converting the larger curve. 0.0 when no
+    history has a step."""
+    histories = list(histories)
+    charges = _charges(histories, charged_as)
+    d = check_delta(delta)
+    runs = [(h, c) for h, c in zip(histories, charges) if any(n for _, _, n in h)]
+    if not runs:
+        return 0.0
+    worst = 0.0
+    for direction in DIRECTIONS:
+        orders = composition_orders([c for _, c in runs], (direction,))
+        total = sum((c.rdp(h, orders, direction) for h, c in runs), np.zeros(len(orders)))
+        worst = max(worst, rdp_to_epsilon(total, orders, d, conversion)[0])
+    return worst

@@ -4,12 +4,17 @@ Every job of a sweep trains on the same private data, and the sweep table invite
 job with the best validation or test accuracy: that choice depends on every job, so it costs more
 than the chosen job's epsilon. `sweep_cost` reads each job folder's privacy ledger and states
 
-* `all_composed`: every job's history composed (concatenated) under the jobs' accountant, at the
-  sweep's delta; an upper bound for releasing any job chosen in any way from the sweep;
+* `all_composed`: every job's history composed, at the sweep's delta; an upper bound for releasing
+  any job chosen in any way from the sweep. Poisson-sampled histories are concatenated under the
+  jobs' accountant; a sweep with a balls-in-bins job (random allocation) adds the jobs' RDP curves
+  in each direction of add/remove (dptrain.accounting.tuning.composed_rdp_epsilon). How a job's
+  steps compose is its selection's entry in dptrain.accounting.selections (`pooled`, `rdp`); a
+  job charged otherwise (shuffled batches, correlated noise, cyclic groups) makes it unknown;
 * `random_stopping` (only for a sweep run by `dptrain tune`, whose `tuning.json` records the
   distribution of its random number K of trials and the K trials drawn): the bound of Papernot and
   Steinke (dptrain.accounting.tuning) for releasing only the best trial, computed by the RDP
-  accountant; the per-trial bound is the worst RDP curve over every grid point's planned cost
+  accountant (each curve the larger of the two directions of add/remove); the per-trial bound is
+  the worst RDP curve over every grid point's planned cost
   (`grid_costs`, recorded by `dptrain tune` before the draw: a grid point that was not drawn
   could have been) and every job that ran; it holds once all K trials have run (a tuning.json
   without `grid_costs` keeps the old rule, the worst job that ran, with a `caveat`);
@@ -43,19 +48,35 @@ from dptrain.accounting.history import (
     merge_history,
     truncate_history,
 )
-from dptrain.accounting.tuning import Trials, composed_epsilon, repeat_and_select_epsilon
-from dptrain.errors import DPTrainError
+from dptrain.accounting.selections import (
+    SelectionAccounting,
+    composable_selections,
+    selection_accounting,
+)
+from dptrain.accounting.tuning import (
+    Trials,
+    composed_epsilon,
+    composed_rdp_epsilon,
+    repeat_and_select_epsilon,
+)
+from dptrain.errors import DPTrainError, PrivacyError
 from dptrain.formatting import format_epsilon
 from dptrain.io import atomic_write_json
 
 SWEEP_LEDGER_FILENAME = "sweep_ledger.json"
 TUNING_FILENAME = "tuning.json"      # written by `dptrain tune` before its first trial
-SWEEP_LEDGER_VERSION = 1
+# 2: a sweep with balls-in-bins jobs is composed (version 1 stated it unknown: `_differences`)
+SWEEP_LEDGER_VERSION = 2
 TUNING_ACCOUNTANT = "rdp"            # the random-stopping theorems are Renyi-DP bounds
-POISSON = "poisson"                  # the ledger's mechanism.sampling the costs are composed for
+# how a record written before dptrain recorded the sampling was charged (a version-1 ledger's
+# mechanism, a tuning.json grid point): Poisson DP-SGD, then the only scheme
+UNRECORDED_SAMPLING = "poisson"
 RELATIVE_TOLERANCE = 1e-6
 ALL_COMPOSED_NOTE = ("every job's history composed: holds for releasing any job of the sweep, "
                      "chosen in any way (by validation or test accuracy...)")
+RDP_COMPOSITION = ("the jobs' RDP curves added in each direction of add/remove (Poisson: the "
+                   "sampled Gaussian's; balls-in-bins: random allocation's), each converted at "
+                   "delta, the larger epsilon")
 RANDOM_STOPPING_NOTE = ("Papernot and Steinke (ICLR 2022): holds for releasing only the best of "
                         "the K trials, K drawn at random as recorded in tuning.json, each trial "
                         "bounded by the worst RDP curve it could have had")
@@ -72,9 +93,11 @@ def history_sha256(history: list[dict[str, Any]]) -> str:
     return hashlib.sha256(json.dumps(history, sort_keys=True).encode("utf-8")).hexdigest()
 
 
-def _job_entry(sweep_dir: Path, job_dir: Path) -> tuple[dict[str, Any], History | None]:
-    """A job's line in the sweep ledger and its history (None when it is not private or its
-    ledger cannot be read: the sweep's cost is then infinite or unknown)."""
+def _job_entry(sweep_dir: Path, job_dir: Path
+               ) -> tuple[dict[str, Any], History | None, SelectionAccounting | None]:
+    """A job's line in the sweep ledger, its history (None when it is not private or its
+    ledger cannot be read: the sweep's cost is then infinite or unknown) and how its steps are
+    charged (`_charge`; None without a readable private ledger)."""
     from dptrain.cli.results import read_result
     from dptrain.train.ledger import LEDGER_FILENAME, load_ledger
 
@@ -84,21 +107,52 @@ def _job_entry(sweep_dir: Path, job_dir: Path) -> tuple[dict[str, Any], History 
         steps = (read_result(job_dir) or {}).get("steps") or 0
         if steps:   # the job trained: its ledger was removed, its cost cannot be recomputed
             entry["error"] = f"its result.json reports {steps} steps but it has no {LEDGER_FILENAME}"
-            return entry, None
+            return entry, None, None
         entry["note"] = "no privacy ledger: the job took no step and costs nothing"
-        return entry, []
+        return entry, [], None
     entry["ledger"] = _relative(sweep_dir, path)
     try:
         data = load_ledger(path)
     except DPTrainError as error:
         entry["error"] = " ".join(str(error).split())
-        return entry, None
+        return entry, None, None
     entry.update(status=data["status"], private=data["private"], accountant=data["accountant"],
                  sampling=_charged_as(data), unit=_unit_of(data),
                  delta=data["delta"], epsilon=data["epsilon"],
                  steps=data["steps_completed"] + data["committed_ahead"],
                  history_sha256=history_sha256(data["history"]))
-    return entry, history_from_json(data["history"]) if data["private"] else None
+    if not data["private"]:
+        return entry, None, None
+    return entry, history_from_json(data["history"]), _charge(data)
+
+
+def _charge(data: dict[str, Any]) -> SelectionAccounting | None:
+    """How a private job's steps are charged, from the accounting registry of selections: its
+    recorded plan's event (dptrain.train.ledger.verification.ledger_sampling, as the ledger's
+    verifier charges it), or for a ledger without a plan the registered name in its
+    mechanism.sampling (Poisson when absent). None when the charge is not one selection's with
+    independent noise (correlated noise, cyclic groups: an `accounting` record) or names no
+    registered selection: such a job is not composed."""
+    from dptrain.train.ledger.verification import ledger_sampling
+
+    if data.get("accounting") is not None:
+        return None
+    if data.get("plan"):
+        try:
+            event = ledger_sampling(data)
+        except DPTrainError:   # a plan this version cannot rebuild: not composed, never guessed
+            return None
+        return event.traits if event.plain else None
+    return _registered(str((data.get("mechanism") or {}).get("sampling", UNRECORDED_SAMPLING)))
+
+
+def _registered(name: str) -> SelectionAccounting | None:
+    """The registered accounting of the selection `name`, None for a name it does not know (a
+    ledger's words for a qualified charge)."""
+    try:
+        return selection_accounting(name)
+    except PrivacyError:
+        return None
 
 
 def _charged_as(data: dict[str, Any]) -> str:
@@ -106,7 +160,7 @@ def _charged_as(data: dict[str, Any]) -> str:
     before it was recorded), qualified when its ledger records a charge other than plain DP-SGD
     (`accounting`: correlated noise, cyclic groups), whose history read as Poisson steps would
     under-count it."""
-    sampling = (data.get("mechanism") or {}).get("sampling", POISSON)
+    sampling = (data.get("mechanism") or {}).get("sampling", UNRECORDED_SAMPLING)
     if data.get("accounting") is not None:
         relation = data["accounting"].get("relation", "?")
         return f"{sampling} with correlated noise or sampling groups ({relation})"
@@ -163,21 +217,31 @@ def _common(entries: list[dict[str, Any]], key: str) -> set[Any]:
     return {e[key] for e in entries if e.get("private")}
 
 
-def _not_poisson(entries: list[dict[str, Any]]) -> str | None:
-    """Why the jobs' histories cannot be composed by the Poisson accountants (None when they
-    can): a job whose batches were not Poisson-sampled (privacy.sampling=shuffle or
-    cyclic_poisson) or whose noise was correlated is charged otherwise, and its history read as
-    Poisson steps would under-count it."""
-    jobs = [e["job"] for e in entries if e.get("private") and e.get("sampling") != POISSON]
-    if not jobs:
+def _not_composed(entries: list[dict[str, Any]],
+                  charges: list[SelectionAccounting | None]) -> str | None:
+    """Why the jobs' histories cannot be composed (None when they can): a job whose selection
+    does not compose (its entry's `not_composed`: shuffled batches), or whose steps are charged
+    as one correlated-noise event (correlated noise, cyclic groups), read as Poisson or random
+    allocation steps would be under-counted."""
+    why: dict[str, list[str]] = {}
+    for entry, charge in zip(entries, charges):
+        if not entry.get("private") or (charge is not None and charge.composes):
+            continue
+        reason = (charge.not_composed if charge is not None else
+                  "its ledger records a charge with no per-run curve to compose (correlated "
+                  "noise or cyclic sampling groups: one event over the whole run)")
+        why.setdefault(reason, []).append(entry["job"])
+    if not why:
         return None
-    return (f"unknown: job(s) {', '.join(jobs)} did not use Poisson sampling, and the sweep's "
-            "costs are composed for Poisson-sampled histories only (each job's own ledger "
-            "states its epsilon)")
+    return ("unknown: " + "; ".join(f"job(s) {', '.join(jobs)}: {reason}"
+                                    for reason, jobs in why.items())
+            + f". The sweep composes jobs charged as {' or '.join(composable_selections())} "
+            "only (each job's own ledger states its epsilon)")
 
 
 def _all_composed(entries: list[dict[str, Any]], histories: list[History | None],
-                  delta: float | None, accountant: str) -> dict[str, Any]:
+                  charges: list[SelectionAccounting | None], delta: float | None,
+                  accountant: str) -> dict[str, Any]:
     cost: dict[str, Any] = {"epsilon": None, "accountant": accountant, "delta": delta,
                             "note": ALL_COMPOSED_NOTE}
     broken = [e["job"] for e in entries if "error" in e]
@@ -185,7 +249,7 @@ def _all_composed(entries: list[dict[str, Any]], histories: list[History | None]
     if broken:
         cost["reason"] = (f"unknown: the ledger of job(s) {', '.join(broken)} cannot be read or "
                           "is missing")
-    elif (unaccounted := _not_poisson(entries) or _mixed_units(entries)) is not None:
+    elif (unaccounted := _not_composed(entries, charges) or _mixed_units(entries)) is not None:
         cost["reason"] = unaccounted
     elif public:
         cost["epsilon"] = math.inf
@@ -193,8 +257,13 @@ def _all_composed(entries: list[dict[str, Any]], histories: list[History | None]
                           "the same data: releasing a job chosen among them has no guarantee")
     elif delta is None:
         cost["epsilon"] = 0.0
-    else:
+    elif all(c.pooled for c in charges if c is not None):   # Poisson only: one history
         cost["epsilon"] = composed_epsilon([h for h in histories if h], delta, accountant)
+    else:
+        runs = [(h, c) for h, c in zip(histories, charges) if h and c is not None]
+        cost.update(accountant=TUNING_ACCOUNTANT, composition=RDP_COMPOSITION,
+                    epsilon=composed_rdp_epsilon([h for h, _ in runs], [c for _, c in runs],
+                                                 delta))
     return cost
 
 
@@ -207,37 +276,53 @@ def _agree(a: History, b: History) -> bool:
         for (s, q, n), (t, r, m) in zip(cut_a, cut_b))
 
 
-def _grid_bound(tuning: dict[str, Any], histories: list[History]) -> tuple[list[History], str | None]:
-    """(the histories every trial is bounded by, or why the bound does not hold): the planned
-    history of every grid point of `tuning` (`grid_costs`, written by `dptrain tune` before the
-    draw: a trial could have been any of them) and the `histories` of the trials that ran.
+Bounded = list[tuple[History, SelectionAccounting]]   # histories and how each is charged
+
+
+def _grid_bound(tuning: dict[str, Any], trials: Bounded) -> tuple[Bounded, str | None]:
+    """(the histories every trial is bounded by, each with its charge, or why the bound does
+    not hold): the planned history of every grid point of `tuning` (`grid_costs`, written by
+    `dptrain tune` before the draw: a trial could have been any of them; charged as its
+    recorded `sampling`, a selection's name) and the `trials` that ran.
 
     The reason names a grid point trained without privacy (the bound is then infinite: the
-    caller states inf), one not charged as Poisson DP-SGD, or a trial whose history disagrees
-    with its grid point's plan (the plans of the points not drawn are then not to be trusted).
+    caller states inf), one whose charge does not compose (shuffled batches, correlated noise:
+    SelectionAccounting.rdp), or a trial whose history disagrees with its grid point's plan (the
+    plans of the points not drawn are then not to be trusted).
     """
     grid = tuning["grid_costs"]
     public = [" ".join(g["overrides"]) or "(no grid)" for g in grid if g.get("history") is None]
     if public:
         return [], (f"infinite: grid point(s) {'; '.join(public)} train without privacy, and "
                     "any trial could have been one of them")
-    other = [" ".join(g["overrides"]) for g in grid if g.get("sampling", POISSON) != POISSON]
+    charges = [_registered(str(g.get("sampling", UNRECORDED_SAMPLING))) for g in grid]
+    other = [" ".join(g["overrides"]) for g, c in zip(grid, charges) if c is None or not c.composes]
     if other:
-        return [], (f"unknown: grid point(s) {'; '.join(other)} are not charged as Poisson "
-                    "DP-SGD, and the random-stopping bound is computed for Poisson-sampled "
-                    "histories only")
-    planned = {json.dumps(g["overrides"]): history_from_json(g["history"]) for g in grid}
-    for job, history in zip(tuning["jobs"], histories):
+        return [], (f"unknown: grid point(s) {'; '.join(other)} are not charged as "
+                    f"{' or '.join(composable_selections())} DP-SGD, and the random-stopping "
+                    "bound is computed from their RDP curves only")
+    planned = {json.dumps(g["overrides"]): (history_from_json(g["history"]), c)
+               for g, c in zip(grid, charges)}
+    for job, (history, _) in zip(tuning["jobs"], trials):
         plan = planned.get(json.dumps(job["overrides"]))
-        if plan is None or not _agree(history, plan):
+        if plan is None or not _agree(history, plan[0]):
             return [], (f"does not hold: trial {job['job']} spent a history that is not the "
                         "planned cost of its grid point in tuning.json, so the planned costs of "
                         "the grid points not drawn cannot be trusted either")
-    return list(planned.values()) + histories, None
+    return list(planned.values()) + trials, None
+
+
+def _bound_epsilon(bounded_by: Bounded, trials: Trials, delta: float) -> float:
+    """The random-stopping epsilon of trials each bounded by the worst curve of `bounded_by`
+    (a job without a ledger, charge None, took no step: its curve is 0 and is left out)."""
+    kept = [(h, c) for h, c in bounded_by if c is not None]
+    return repeat_and_select_epsilon([h for h, _ in kept], trials, delta,
+                                     charged_as=[c for _, c in kept])
 
 
 def _random_stopping(tuning: dict[str, Any], entries: list[dict[str, Any]],
-                     histories: list[History | None], delta: float | None) -> dict[str, Any]:
+                     histories: list[History | None], charges: list[SelectionAccounting | None],
+                     delta: float | None) -> dict[str, Any]:
     trials = Trials.from_json(tuning["trials"])
     drawn = [str(job["job"]) for job in tuning["jobs"]]
     cost: dict[str, Any] = {"epsilon": None, "accountant": TUNING_ACCOUNTANT, "delta": delta,
@@ -250,20 +335,21 @@ def _random_stopping(tuning: dict[str, Any], entries: list[dict[str, Any]],
                           "have run")
     elif any(h is None for h in histories):
         cost["reason"] = "does not hold: a job is not private or its ledger cannot be read"
-    elif (unaccounted := _not_poisson(entries) or _mixed_units(entries)) is not None:
+    elif (unaccounted := _not_composed(entries, charges) or _mixed_units(entries)) is not None:
         cost["reason"] = unaccounted
     elif delta is None or not histories:
         cost["epsilon"] = 0.0
     elif "grid_costs" in tuning:   # every grid point's planned cost: the bound holds as stated
-        bounded_by, why_not = _grid_bound(tuning, _in_draw_order(tuning, entries, histories))
+        ran = _in_draw_order(tuning, entries, list(zip(histories, charges)))
+        bounded_by, why_not = _grid_bound(tuning, ran)
         if why_not is None:
-            cost["epsilon"] = repeat_and_select_epsilon(bounded_by, trials, delta)
+            cost["epsilon"] = _bound_epsilon(bounded_by, trials, delta)
             cost["per_trial"] = GRID_NOTE
         else:
             cost["epsilon"] = math.inf if why_not.startswith("infinite") else None
             cost["reason"] = why_not
     else:   # a tuning.json written before the grid's costs were recorded: its old rule
-        cost["epsilon"] = repeat_and_select_epsilon(histories, trials, delta)
+        cost["epsilon"] = _bound_epsilon(list(zip(histories, charges)), trials, delta)
         cost["caveat"] = ("tuning.json does not record the planned cost of every grid point "
                           "(written before dptrain recorded them): the per-trial bound is the "
                           "worst job that ran, and it holds only if no grid point that was not "
@@ -272,9 +358,9 @@ def _random_stopping(tuning: dict[str, Any], entries: list[dict[str, Any]],
 
 
 def _in_draw_order(tuning: dict[str, Any], entries: list[dict[str, Any]],
-                   histories: list[History | None]) -> list[History]:
-    """The histories of the trials in tuning.json's order (the jobs ran as 0, 1, ...)."""
-    by_job = {e["job"]: h for e, h in zip(entries, histories)}
+                   charged: Bounded) -> Bounded:
+    """The trials' (history, charge) in tuning.json's order (the jobs ran as 0, 1, ...)."""
+    by_job = {e["job"]: h for e, h in zip(entries, charged)}
     return [by_job[str(job["job"])] for job in tuning["jobs"]]
 
 
@@ -283,8 +369,8 @@ def sweep_cost(sweep_dir: Path | str) -> dict[str, Any]:
     from dptrain.cli.sweep import job_dirs   # here: dptrain.cli.sweep imports this module
 
     sweep_dir = Path(sweep_dir)
-    pairs = [_job_entry(sweep_dir, d) for d in job_dirs(sweep_dir)]
-    entries, histories = [e for e, _ in pairs], [h for _, h in pairs]
+    read = [_job_entry(sweep_dir, d) for d in job_dirs(sweep_dir)]
+    entries, histories, charges = ([r[i] for r in read] for i in range(3))
     deltas = {d for d in _common(entries, "delta") if d is not None}
     delta = min(deltas) if deltas else None     # the strictest delta of the jobs
     accountants = _common(entries, "accountant")
@@ -294,9 +380,9 @@ def sweep_cost(sweep_dir: Path | str) -> dict[str, Any]:
     selection = ({"rule": "all", "note": "every job of the sweep is a candidate"}
                  if tuning is None else {"rule": tuning["trials"]["distribution"],
                                          "trials_drawn": len(tuning["jobs"]), **tuning["trials"]})
-    costs = {"all_composed": _all_composed(entries, histories, delta, accountant)}
+    costs = {"all_composed": _all_composed(entries, histories, charges, delta, accountant)}
     if tuning is not None:
-        costs["random_stopping"] = _random_stopping(tuning, entries, histories, delta)
+        costs["random_stopping"] = _random_stopping(tuning, entries, histories, charges, delta)
     holding = [c["epsilon"] for c in costs.values() if c["epsilon"] is not None]
     return {"schema_version": SWEEP_LEDGER_VERSION, "jobs": entries, "selection": selection,
             "privacy_unit": sweep_unit(entries), "delta": delta, "cost": costs,
@@ -351,6 +437,22 @@ def _same(a: Any, b: Any) -> bool:
     return float(a) == float(b) or math.isclose(float(a), float(b), rel_tol=RELATIVE_TOLERANCE)
 
 
+def _stated_unknown_before(claimed: dict[str, Any], value: Any) -> bool:
+    """Whether `value` is a version-1 sweep ledger's unknown (null) epsilon: version 1 composed
+    Poisson-sampled jobs only (a balls-in-bins sweep was unknown), and an unknown claims nothing,
+    so it is no mismatch where the jobs' ledgers now compose (`_outdated` says so)."""
+    return value is None and claimed.get("schema_version", 1) < SWEEP_LEDGER_VERSION
+
+
+def _outdated(claimed: dict[str, Any], recomputed: dict[str, Any]) -> str:
+    """A note for a version-1 ledger that states unknown where the jobs now compose ("" else)."""
+    if not _stated_unknown_before(claimed, claimed.get("epsilon")) or recomputed["epsilon"] is None:
+        return ""
+    return (f" (version {claimed.get('schema_version', 1)}: it states unknown where the jobs' "
+            f"ledgers now give {format_epsilon(recomputed['epsilon'])}; rewrite it with "
+            "`dptrain report` after deleting sweep_summary.json)")
+
+
 def _differences(claimed: dict[str, Any], recomputed: dict[str, Any]) -> list[str]:
     found = []
     if [(j["job"], j.get("history_sha256")) for j in claimed.get("jobs", [])] != \
@@ -360,10 +462,13 @@ def _differences(claimed: dict[str, Any], recomputed: dict[str, Any]) -> list[st
         found.append("the selection rule differs from tuning.json")
     for name, cost in recomputed["cost"].items():
         recorded = (claimed.get("cost") or {}).get(name) or {}
+        if _stated_unknown_before(claimed, recorded.get("epsilon")):
+            continue
         if not _same(recorded.get("epsilon"), _json_number(cost["epsilon"])):
             found.append(f"cost.{name}.epsilon claims {recorded.get('epsilon')!r}, the jobs' "
                          f"ledgers give {cost['epsilon']!r}")
-    if not _same(claimed.get("epsilon"), _json_number(recomputed["epsilon"])):
+    if not _same(claimed.get("epsilon"), _json_number(recomputed["epsilon"])) and \
+            not _stated_unknown_before(claimed, claimed.get("epsilon")):
         found.append(f"epsilon claims {claimed.get('epsilon')!r}, the jobs' ledgers give "
                      f"{recomputed['epsilon']!r}")
     return found
@@ -385,6 +490,7 @@ def verify_sweep_ledger(sweep_dir: Path | str) -> SweepVerification:
                                  f"{path.parent}` after deleting sweep_summary.json")
     recomputed = sweep_cost(path.parent)
     problems = _differences(claimed, recomputed)
-    message = "matches" if not problems else "MISMATCH: " + "; ".join(problems)
+    message = ("matches" + _outdated(claimed, recomputed) if not problems
+               else "MISMATCH: " + "; ".join(problems))
     return SweepVerification(path, claimed.get("epsilon"), recomputed["epsilon"], not problems,
                              message)

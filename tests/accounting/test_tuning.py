@@ -16,6 +16,7 @@ from dptrain.accounting.tuning import (
     Trials,
     compose_histories,
     composed_epsilon,
+    composed_rdp_epsilon,
     per_trial_rdp,
     poisson_trials,
     rdp_repeat_and_select,
@@ -112,3 +113,36 @@ def test_trials_survive_their_json_form():
 def test_invalid_trial_distributions_are_refused_with_a_privacy_error(make):
     with pytest.raises(PrivacyError):
         make()
+
+
+# ------------------------------------------------------------------ runs charged differently
+def test_one_balls_in_bins_run_composed_alone_costs_its_own_random_allocation_epsilon():
+    """The issue's scale point (sigma 1, 10 steps an epoch, 3 epochs, delta 1e-4: 3.276), where
+    the remove direction decides: composing it alone adds nothing."""
+    from dptrain.accounting import random_allocation
+    from dptrain.accounting.selections import selection_accounting
+
+    bins = selection_accounting("balls_in_bins")
+    alone = composed_rdp_epsilon([[(1.0, 0.1, 30)]], [bins], 1e-4)
+    assert alone == pytest.approx(random_allocation.epsilon(1.0, 10, 3, 1e-4), rel=1e-12)
+    assert composed_rdp_epsilon([[(1.0, 0.1, 30)]] * 2, [bins] * 2, 1e-4) > alone
+
+
+def test_poisson_runs_composed_by_curves_alone_give_the_rdp_accountants_epsilon():
+    """Alone, Poisson's curves keep every order of the RDP accountant (mixed with random
+    allocation only its integer orders are shared)."""
+    from dptrain.accounting.selections import selection_accounting
+
+    poisson = selection_accounting("poisson")
+    runs = [[(1.0, 0.01, 300)], [(2.0, 0.01, 300)]]
+    assert composed_rdp_epsilon(runs, [poisson] * 2, DELTA) == pytest.approx(
+        composed_epsilon(runs, DELTA, "rdp"), rel=1e-12)
+
+
+def test_a_run_whose_charge_does_not_compose_is_refused_with_the_reason():
+    from dptrain.accounting.selections import selection_accounting
+
+    with pytest.raises(PrivacyError, match="substitution"):
+        composed_rdp_epsilon([[(1.0, 0.1, 30)]], [selection_accounting("shuffle")], DELTA)
+    with pytest.raises(PrivacyError, match="one per history"):
+        composed_rdp_epsilon([[(1.0, 0.1, 30)]] * 2, [selection_accounting("poisson")], DELTA)

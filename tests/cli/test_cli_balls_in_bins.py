@@ -88,3 +88,43 @@ def test_a_torchrun_job_draws_one_allocation_shared_by_the_ranks(tmp_path: Path)
     ledgers = [json.loads((tmp_path / d / "privacy_ledger.json").read_text()) for d in ("ddp", "one")]
     assert ledgers[0]["history"] == ledgers[1]["history"]
     assert ledgers[0]["epsilon"] == ledgers[1]["epsilon"]
+
+
+def _fsdp_and_one_process(tmp_path: Path, args: list[str]) -> list[Path]:
+    """The same run under `hardware=fsdp` at 2 ranks (the command relaunches itself under
+    torchrun; gloo on CPU) and on one process: their run folders."""
+    folders = []
+    for name, hardware in (("fsdp", ["hardware=fsdp", "hardware.nproc_per_node=2",
+                                     "hardware.timeout_s=120"]), ("one", ["hardware=cpu"])):
+        run = run_dptrain([*hardware, *args, f"hydra.run.dir={tmp_path / name}"], tmp_path,
+                          timeout=300)
+        assert run.returncode == 0, run.stderr
+        folders.append(tmp_path / name)
+    return folders
+
+
+@pytest.mark.slow
+def test_a_sharded_fsdp_job_is_charged_as_the_one_process_run(tmp_path: Path) -> None:
+    """FSDP2: each rank trains on its share of the one allocation, the clipped sums are
+    reduce-scattered and each rank noises its rows once: the same history and epsilon."""
+    sharded, one = _fsdp_and_one_process(tmp_path, [*BINS, "train.max_steps=3"])
+    ledgers = [load_ledger(folder) for folder in (sharded, one)]
+    assert ledgers[0]["config"]["hardware"]["sharded"] is True
+    assert history_from_json(ledgers[0]["history"]) == [(1.0, 1 / 12, 3)]
+    assert ledgers[0]["history"] == ledgers[1]["history"]
+    assert ledgers[0]["epsilon"] == ledgers[1]["epsilon"]
+    assert verify_ledger(sharded).ok
+
+
+@pytest.mark.slow
+def test_a_sharded_fsdp_job_trains_on_the_one_process_runs_batches(tmp_path: Path) -> None:
+    """Reproducible allocation, near-noiseless: the ranks' shares of each batch add up to the
+    one-process batch, so the weights agree (to the noise and the reduction order)."""
+    args = [*BINS, "train.max_steps=3", "privacy.noise_multiplier=1e-6",
+            "privacy.reproducible_mechanism=true"]
+    sharded, one = _fsdp_and_one_process(tmp_path, args)
+    a = load_checkpoint(sharded / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(one / "checkpoints" / "last.pt")["model"]
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-4)

@@ -158,7 +158,8 @@ def test_a_job_with_correlated_noise_makes_the_cost_unknown_not_composed_as_pois
     path.write_text(json.dumps(data))
     cost = sweep_cost(tmp_path)
     assert cost["epsilon"] is None
-    assert "job(s) 1 did not use Poisson sampling" in cost["cost"]["all_composed"]["reason"]
+    assert "job(s) 1: its ledger records a charge with no per-run curve to compose" in \
+        cost["cost"]["all_composed"]["reason"]
 
 
 def test_a_shuffled_job_makes_the_cost_unknown_not_composed_as_poisson_steps(tmp_path):
@@ -166,7 +167,8 @@ def test_a_shuffled_job_makes_the_cost_unknown_not_composed_as_poisson_steps(tmp
     _ledger(make_job(tmp_path, "1", ["a=1"], done(1.0, 0.5)), [(1.0, 0.1, 10)], "shuffle")
     cost = sweep_cost(tmp_path)
     assert cost["epsilon"] is None
-    assert "job(s) 1 did not use Poisson sampling" in cost["cost"]["all_composed"]["reason"]
+    assert "job(s) 1: its epsilon is stated for substitution" in \
+        cost["cost"]["all_composed"]["reason"]
 
 
 def test_the_cost_sentence_states_each_figure_once(sweep):
