@@ -130,9 +130,9 @@ def check_same_sampling(num_samples: int, sample_rate: float, steps: int | None,
 def shard_sampler(sampler: Any, rank: int | None = None, world_size: int | None = None,
                   group: Any = None) -> Any:
     """Make `sampler` (any dptrain batch sampler) yield this rank's share of every batch (its
-    `draw()` keeps the share of the scheme's `draw_batch()`), and return it. A collective over several processes: the ranks check that they sample alike,
-    then, outside secure mode, take rank 0's generator state, and agree on whatever else the
-    sampler needs shared (its `agree_over_ranks(group)`, e.g. cyclic Poisson's partition).
+    `draw()` keeps the share of the scheme's `draw_batch()`), and return it. A collective over
+    several processes: the ranks check that they sample alike, then, outside secure mode, take
+    rank 0's generator state, and agree on whatever else the sampler needs shared (its `agree_over_ranks(group)`, e.g. cyclic Poisson's partition).
     ConfigError in secure mode for a sampler whose draws are not per example (see the module
     docstring)."""
     rank = get_rank(group) if rank is None else rank
