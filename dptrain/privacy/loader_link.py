@@ -39,7 +39,18 @@ TWO_BATCHES = (
 
 
 class Unlinked:
-    """No private loader: every step is the caller's to account (nothing checked, no record)."""
+    """The protocol of a loop that calls `step()` itself, with no private loader linked: the
+    virtual-step signals only (every step is the caller's to account: nothing checked, no
+    record).
+
+    `skip_next`: the next `step()` only clips and accumulates (`signal_skip_step`: a non-final
+    physical chunk of `BatchMemoryManager`); `last_step_skipped`: the last `step()` did, so its
+    clipped sum waits for the logical batch's last chunk (`zero_grad` keeps it).
+    """
+
+    def __init__(self) -> None:
+        self.skip_next = False
+        self.last_step_skipped = False
 
     def record_to_release(self, record: BatchRecord | None) -> BatchRecord | None:
         """The record a step releases: the caller's (None: the optimizer's own q)."""
@@ -73,6 +84,7 @@ class LoaderLink(Unlinked):
 
     def __init__(self, optimizer: Any, loader: Any, *, one_batch_per_step: bool = False,
                  refuse_at_backward: bool = False) -> None:
+        super().__init__()
         self.optimizer, self.loader = optimizer, loader
         self.one_batch_per_step = bool(one_batch_per_step)
         self.refuse_at_backward = bool(refuse_at_backward)

@@ -118,9 +118,8 @@ class DPOptimizer(Optimizer):
         self.last_charge: Charge | None = None  # what the last step charged
         self._step_hooks: list[StepHook] = []
         self._charge_listeners: list[ChargeListener] = []
-        self._skip_next = False
-        self._last_step_skipped = False
-        #: the private loader whose batches the steps release (`follow_loader`), or none
+        #: the loop protocol of a caller's loop that calls `step()` itself: the virtual-step
+        #: signals, and, once linked to the private loader (`follow_loader`), its records
         self.link: Unlinked = Unlinked()
         for p in self.params:
             p.summed_grad = None
@@ -194,7 +193,7 @@ class DPOptimizer(Optimizer):
 
     def signal_skip_step(self, do_skip: bool = True) -> None:
         """Make the next `step()` only clip and accumulate (a non-final physical chunk)."""
-        self._skip_next = bool(do_skip)
+        self.link.skip_next = bool(do_skip)
 
     def add_charge_listener(self, fn: ChargeListener) -> None:
         """Call fn(charge) with the `Charge` of every real step (the engine's accountant), before
@@ -206,8 +205,10 @@ class DPOptimizer(Optimizer):
         """Link to the private loader (dptrain.privacy.loader_link): from now on every real step
         releases the record of the batch it handed out last, needs a new batch from it, and
         never mixes gradients of two of its batches."""
+        skip_next = self.link.skip_next
         self.link = LoaderLink(self, loader, one_batch_per_step=one_batch_per_step,
                                refuse_at_backward=refuse_at_backward)
+        self.link.skip_next = skip_next
 
     def has_pending_sum(self) -> bool:
         """Whether a clipped sum of chunks not yet released is held (`p.summed_grad`)."""
@@ -252,7 +253,7 @@ class DPOptimizer(Optimizer):
         self._clear_per_sample()
         self._clear_summed()
         self.clipper.reset_accumulation()
-        self._skip_next = self._last_step_skipped = False
+        self.link.skip_next = self.link.last_step_skipped = False
         raise PrivacyError(f"DPOptimizer step {self.steps_taken} refused: {reason}")
 
     #: Examples of the last real step left out for a gradient that is not finite (a 0-dim tensor
@@ -324,10 +325,10 @@ class DPOptimizer(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self.clip_and_accumulate()
-        if self._skip_next:
-            self._skip_next, self._last_step_skipped = False, True
+        if self.link.skip_next:
+            self.link.skip_next, self.link.last_step_skipped = False, True
             return loss
-        self._last_step_skipped = False
+        self.link.last_step_skipped = False
         result = self._release(None)[1]
         return loss if closure is not None else result
 
@@ -374,18 +375,18 @@ class DPOptimizer(Optimizer):
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear p.grad, the per-sample state and p.summed_grad (kept after a skipped step)."""
         self._clear_per_sample()
-        if not self._last_step_skipped:
+        if not self.link.last_step_skipped:
             self._clear_summed()
         self.original_optimizer.zero_grad(set_to_none=set_to_none)
 
     def discard_partial_batch(self) -> None:
         """Forget an unfinished logical batch: the clipped sums accumulated by skipped steps,
         pending per-sample gradients and skip signals (nothing of it is ever released)."""
-        if self._last_step_skipped or self.has_pending_sum():
+        if self.link.last_step_skipped or self.has_pending_sum():
             self._clear_summed()
             self.clipper.reset_accumulation()
-            self._last_step_skipped = False
-        self._skip_next = False
+            self.link.last_step_skipped = False
+        self.link.skip_next = False
         self._clear_per_sample()
 
     def _clear_summed(self) -> None:

@@ -126,7 +126,7 @@ def train_private(distributed: bool, steps: int, noise_multiplier: float,
                 if len(x) > 0:
                     nn.functional.cross_entropy(module(x), y).backward()
                 optimizer.step()
-                if not optimizer._last_step_skipped:
+                if not optimizer.link.last_step_skipped:
                     done += 1
                 if done == steps:
                     break

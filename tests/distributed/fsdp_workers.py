@@ -289,7 +289,7 @@ def train_private(problem: Callable[[], tuple], sharded: bool, steps: int,
                     loss_fn(module, batch_).backward()
                 optimizer.step()
                 batches.append(len(batch_[0]))
-                if not optimizer._last_step_skipped:
+                if not optimizer.link.last_step_skipped:
                     done += 1
                 if done == steps:
                     break
