@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ENTRY = "from dptrain.cli.main import main; main()"
 COMMON = ["privacy=sigma", "privacy.noise_multiplier=1.0", "train.epochs=1", "train.max_steps=2",
@@ -69,3 +70,28 @@ def test_a_user_launched_torchrun_job_matches_the_single_process_ledger(tmp_path
     assert ledgers[0]["history"] == ledgers[1]["history"]
     assert ledgers[0]["epsilon"] == ledgers[1]["epsilon"]
     assert ddp.stdout.count("dptrain: completed") == 1  # rank 0's summary only
+
+
+@pytest.mark.slow
+def test_a_shuffled_ddp_job_trains_on_the_one_process_runs_batches(tmp_path: Path):
+    """privacy.sampling=shuffle under torchrun: every rank draws rank 0's permutation and keeps
+    its share of each batch, so the history and epsilon are the one process's and, reproducible
+    and near-noiseless, the weights too (to the reduction order); the ledgers verify."""
+    from dptrain.train.checkpoint import load_checkpoint
+    from dptrain.train.ledger import verify_ledger
+
+    args = [*COMMON, "privacy.sampling=shuffle", "train.max_steps=4",
+            "privacy.noise_multiplier=1e-6", "privacy.reproducible_mechanism=true"]
+    for name, hardware in (("ddp", ["hardware=ddp", "hardware.nproc_per_node=2"]),
+                           ("cpu", ["hardware=cpu"])):
+        run = _dptrain([*hardware, *args, f"hydra.run.dir={tmp_path / name}"], tmp_path, 300)
+        assert run.returncode == 0, run.stderr
+    ledgers = [json.loads((tmp_path / d / "privacy_ledger.json").read_text()) for d in ("ddp", "cpu")]
+    assert ledgers[0]["mechanism"]["sampling"] == "shuffle"
+    assert ledgers[0]["history"] == ledgers[1]["history"]
+    assert ledgers[0]["epsilon"] == ledgers[1]["epsilon"]
+    assert all(verify_ledger(tmp_path / d).ok for d in ("ddp", "cpu"))
+    a = load_checkpoint(tmp_path / "ddp" / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "cpu" / "checkpoints" / "last.pt")["model"]
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5)

@@ -57,5 +57,8 @@ class GivenShuffle(Shuffle):
     ledger_words: ClassVar[str] = ("the caller's loader, each example once per pass (accounted "
                                    "as shuffle)")
 
+    def check_distributed(self, context: LoaderContext) -> None:
+        raise refuse_distributed_given_batches()
+
     def private_loader(self, data_loader: Any, context: LoaderContext) -> Any:
         return GivenShuffleLoader(data_loader, self.sample_rate)

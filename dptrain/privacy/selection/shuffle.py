@@ -18,7 +18,8 @@ def refuse_distributed_given_batches() -> ConfigError:
                        "(FSDP) model: each rank would train on the same batches of the given "
                        "loader and the clipped sums, summed across ranks, would count every "
                        "example once per rank. Use poisson_sampling=True (each rank then "
-                       "samples its own shard).")
+                       "samples its own shard), or sampling='shuffle' (dptrain's shuffle of "
+                       "the whole dataset, each rank training on its share of every batch).")
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,11 @@ class Shuffle(Selection):
     def check_noise(self, strategy: Any) -> None:
         """Any noise: correlated noise is charged unamplified, one participation per epoch."""
 
-    def check_distributed(self, context: LoaderContext) -> None:
-        raise refuse_distributed_given_batches()
-
     def private_loader(self, data_loader: Any, context: LoaderContext) -> Any:
+        """dptrain's shuffle of the whole dataset; over ranks every rank draws the same
+        permutation (rank 0's generator) and keeps its share of each batch (dptrain.data.sharding:
+        secure mode is refused there, one permutation cannot be drawn per rank)."""
         loader = ShuffleDataLoader.from_data_loader(data_loader, sample_rate=self.sample_rate,
                                                     generator=context.generator,
                                                     secure=context.secure)
-        return context.shard(loader, data_loader)   # (check_distributed refuses DDP/FSDP today)
+        return context.shard(loader, data_loader)
