@@ -16,11 +16,10 @@ from pathlib import Path
 
 import dptrain
 from dptrain.privacy.noise import NOISE_KINDS
-from dptrain.privacy.plan import SELECTIONS
-from dptrain.privacy.unit import unit_kinds
+from dptrain.privacy.plan import SELECTIONS, UNITS
 
 PACKAGE = Path(dptrain.__file__).parent
-UNIT_KINDS = frozenset(unit_kinds())
+UNIT_KINDS = frozenset(UNITS)   # the registered privacy units (dptrain.privacy.unit)
 KINDS = frozenset(SELECTIONS) | frozenset(NOISE_KINDS) | UNIT_KINDS
 # the strategies and the registries: the only places a kind name may decide anything
 ALLOWED = ("privacy/selection/", "privacy/noise/", "privacy/unit/", "accounting/selections.py")
