@@ -115,7 +115,7 @@ def test_a_user_level_plan_recorded_by_the_kind_string_reads_back_to_the_user_st
     assert type(back.unit) is UserUnit and back.unit.max_examples_per_user == 2
 
 
-# -- what each strategy owns ------------------------------------------------------------------------
+# -- what each strategy owns ---------------------------------------------------------------------
 def test_each_units_words_state_its_neighbouring_relation():
     poisson, shuffle = Selection(0.2), Selection(0.2, kind="shuffle")
     assert Unit().privacy_unit(poisson) == PRIVACY_UNIT and "add/remove" in PRIVACY_UNIT
