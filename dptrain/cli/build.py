@@ -432,26 +432,16 @@ def _unreachable_in_keys(error: UnreachableEpsilonError, settings: TrainSettings
 
 
 def user_level_arguments(request: PrivacyGroup, dataset: Any) -> dict[str, Any]:
-    """make_private's user ids for privacy.unit=user (the training split's, from
-    dataset.user_column); {} for example-level privacy. ConfigError when the dataset has no
-    user ids."""
-    if request.unit.kind != "user":
-        return {}
-    user_ids = getattr(dataset, "user_ids", None)
-    if user_ids is None:
-        raise ConfigError("privacy.unit=user needs the user of every training example: set "
-                          "dataset.user_column=COLUMN (dataset=text: the CSV/JSON/Parquet column "
-                          "naming each row's user), or use privacy.unit=example.")
-    return {"user_ids": user_ids}
+    """make_private's arguments from the training set that its privacy unit needs: the user
+    ids for privacy.unit=user (the training split's, from dataset.user_column); {} for
+    example-level privacy. ConfigError when the dataset has no user ids (`Unit.data_arguments`)."""
+    return request.unit.data_arguments(dataset)
 
 
 def privacy_units(request: PrivacyGroup, dataset: Any) -> tuple[int, str]:
     """(N, what N counts): the privacy units of the training split, its users at user level
-    (what a batch and the sample rate count there), else its examples."""
-    unit = user_level_arguments(request, dataset)
-    if unit:
-        return len(unit["user_ids"].unique()), "users"
-    return len(dataset), "training examples"
+    (what a batch and the sample rate count there), else its examples (`Unit.count`)."""
+    return request.unit.count(dataset)
 
 
 def planned_steps(sample_rate: float, settings: TrainSettings) -> int:

@@ -75,7 +75,7 @@ from dptrain.privacy.plan import (
     default_selection,
 )
 from dptrain.privacy.schedules import as_schedule
-from dptrain.privacy.user_level import PRIVACY_UNITS
+from dptrain.privacy.unit import unit_class
 from dptrain.train.ledger.hashing import FLAT_PRIVACY_KEYS, POISSON_SAMPLING
 
 EPSILON, SIGMA, NONE = "epsilon", "sigma", "none"
@@ -415,7 +415,7 @@ def _budget(section: Mapping[str, Any], mode: str, spelling: Spelling) -> Budget
 
 def _unit(unit: Mapping[str, Any], spelling: Spelling) -> Unit:
     """privacy.unit -> the plan's Unit (its kind and cap checked under the user's key names)."""
-    kind = one_of(*PRIVACY_UNITS).check(unit["kind"], spelling.key("unit.kind"))
+    kind = unit_class(unit["kind"], spelling.key("unit.kind")).kind
     cap = check_max_examples_per_user(unit["max_examples_per_user"],
                                       spelling.key("unit.max_examples_per_user"))
     return Unit(kind, max_examples_per_user=cap)

@@ -160,7 +160,7 @@ class PrivacyEngine(core.PrivacyEngine):
         plan = super().plan_of(data_loader, **kwargs)
         selection = plan.selection
         if (not selection.poisson or selection.schedule is not None
-                or plan.unit.kind != "example" or not opacus_rate_applies(data_loader)):
+                or not plan.unit.samples_examples or not opacus_rate_applies(data_loader)):
             return plan
         return dataclasses.replace(plan, selection=dataclasses.replace(
             selection, sample_rate=opacus_sample_rate(data_loader)))

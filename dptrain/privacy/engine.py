@@ -29,7 +29,6 @@ from dptrain.accounting import get_accountant
 from dptrain.accounting.events import AccountingEvent
 from dptrain.data.given_shuffle import given_shuffle_rate
 from dptrain.data.sampling import dataset_size, default_sample_rate
-from dptrain.data.user_sampling import UserDPDataLoader, user_groups, user_sample_rate
 from dptrain.distributed.ddp import unwrap_ddp
 from dptrain.distributed.fsdp import is_fully_sharded, sharded_source
 from dptrain.grad_sample.ghost import GhostClippingModule
@@ -61,9 +60,6 @@ from dptrain.privacy.plan import (  # noqa: F401  (GRAD_SAMPLE_MODES: re-exporte
 )
 from dptrain.privacy.schedules import Schedule, as_schedule
 from dptrain.privacy.selection import Given, GivenShuffle, LoaderContext, selection_class
-from dptrain.privacy.user_level import (UserLevelRequest,
-                                        check_user_level_source, user_level_request)
-from dptrain.privacy.user_level_ghost import user_level_clipper
 _INTERFACE = ("per_sample_batch_size", "squared_norms", "weighted_sum", "clear_per_sample",
               "check_complete")
 ScheduleSpec = Schedule | Callable[[int], float] | dict[str, Any] | None
@@ -355,7 +351,7 @@ class PrivacyEngine:
         caller's own loader, accounted as Poisson, no guarantee; `noise_strategy` a
         dptrain.privacy.noise strategy, None: independent)."""
         unit = Unit(privacy_unit, max_examples_per_user=max_examples_per_user)
-        _, rate = self._unit_rate(data_loader, unit, user_ids)
+        _, rate = unit.population(data_loader, user_ids, self._loader_rate)
         if sampling is None and not poisson_sampling:
             sampling = Given.kind
         if sampling == GivenShuffle.kind:  # one pass of the caller's loader is an epoch
@@ -451,14 +447,13 @@ class PrivacyEngine:
         module, distributed = unwrap_ddp(module)  # a DDP model: its inner module
         sharded = is_fully_sharded(module)  # FSDP2: dptrain/distributed/fsdp.py
         distributed = distributed or sharded
-        users = user_level_request(plan.unit.kind, user_ids, plan.unit.max_examples_per_user,
-                                   performance.grad_sample_mode, distributed)
+        plan.unit.check_data(user_ids, distributed)
         context = LoaderContext(generator=self.sampling_generator, secure=self.secure_mode,
                                 allow_non_poisson=allow_non_poisson, distributed=distributed,
                                 sharded=sharded)
         if distributed:
             plan.selection.check_distributed(context)
-        num_samples, _ = self._unit_rate(data_loader, plan.unit, user_ids)  # N: examples or users
+        num_samples, _ = plan.unit.population(data_loader, user_ids, self._loader_rate)  # N units
         plan = plan.with_dataset(num_samples)
         sigma, sample_rate = plan.noise.multiplier, plan.selection.sample_rate
         noise_sched = as_schedule(schedules[0] if schedules[0] is not None
@@ -481,16 +476,14 @@ class PrivacyEngine:
                                    count_noise_std=clip.count_noise_std)
             clipper.gradient_noise_multiplier(sigma)  # adaptive: fails now if sigma_b is too small
             self._place_noise_generator([p for _, p in named])
-            if users is None:
-                self.poisson_sampling = plan.selection.poisson
-                private_loader = plan.selection.private_loader(
-                    data_loader, dataclasses.replace(context, rate_schedule=rate_sched))
-                self._check_epochs_aligned(private_loader)  # a shuffled pass starts an epoch
-            else:
-                check_user_level_source(source)
-                private_loader = self._user_loader(data_loader, users, plan, rate_sched)
-                clipper = user_level_clipper(clipper, [p for _, p in named],
-                                             private_loader.batch_user_groups, source)
+            self.poisson_sampling = plan.selection.poisson
+            # the unit's loader: the selection's over examples, or one over users
+            private_loader = plan.unit.private_loader(
+                plan.selection, data_loader, user_ids,
+                dataclasses.replace(context, rate_schedule=rate_sched))
+            self._check_epochs_aligned(private_loader)  # a shuffled pass starts an epoch
+            # what is clipped to C: each example's gradient, or each sampled user's mean
+            clipper = plan.unit.clipper(clipper, [p for _, p in named], private_loader, source)
             dp_optimizer = optimizer_class(distributed, sharded)(
                 optimizer, sigma, None, expected_batch_size, clipper, module=source,
                 sample_rate=sample_rate,
@@ -558,7 +551,8 @@ class PrivacyEngine:
         plan = self.plan_of(data_loader, target_epsilon=target_epsilon, target_delta=target_delta,
                             noise_generator=kwargs.get("noise_generator"),
                             user_ids=kwargs.get("user_ids"), **plan_args)
-        num_samples, _ = self._unit_rate(data_loader, plan.unit, kwargs.get("user_ids"))
+        num_samples, _ = plan.unit.population(data_loader, kwargs.get("user_ids"),
+                                              self._loader_rate)
         warn_if_delta_too_large(target_delta, num_samples, "target_delta")
         return self.make_private(data_loader=data_loader,
                                  plan=calibrated(plan, epochs, epsilon_tolerance), **kwargs)
@@ -722,24 +716,6 @@ class PrivacyEngine:
                                f"N = {num_samples}); it must be in (0, 1]: use a batch_size between "
                                f"1 and {num_samples}.")
         return num_samples, check_sample_rate(rate, "data_loader sample rate")
-
-    def _unit_rate(self, data_loader: DataLoader, unit: Unit,
-                   user_ids: Any) -> tuple[int, float]:
-        """(N, q) of the privacy unit: examples (`_loader_rate`), or users, q = batch_size /
-        N_users (`user_ids`: one user id per example)."""
-        if unit.kind != "user" or user_ids is None:
-            return self._loader_rate(data_loader)
-        num_users = len(user_groups(user_ids, dataset_size(data_loader)))
-        return num_users, user_sample_rate(data_loader, num_users)
-
-    def _user_loader(self, data_loader: DataLoader, users: UserLevelRequest, plan: PrivacyPlan,
-                     rate_schedule: Schedule | None) -> UserDPDataLoader:
-        """The user-level Poisson loader (the plan refuses user level without Poisson sampling)."""
-        self.poisson_sampling = True
-        return UserDPDataLoader.from_user_ids(
-            data_loader, users.user_ids, max_examples_per_user=users.max_examples_per_user,
-            generator=self.sampling_generator, secure=self.secure_mode,
-            sample_rate_schedule=rate_schedule)
 
 
 class PrivateTraining(NamedTuple):

@@ -34,7 +34,6 @@ from dptrain.checks import (
     default_delta,
     one_of,
 )
-from dptrain.data.user_sampling import check_max_examples_per_user
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import CLIPPING_MODES
 from dptrain.privacy.noise import Independent, NoiseStrategy, check_compatible, strategy_from_dict
@@ -46,10 +45,11 @@ from dptrain.privacy.selection import (  # noqa: F401  (Selection, default_selec
     selection_class,
     selection_kinds,
 )
-from dptrain.privacy.user_level import PRIVACY_UNITS as UNITS
+from dptrain.privacy.unit import Unit, unit_kinds  # noqa: F401  (Unit: re-exported)
 
-# Who epsilon protects (UNITS): "example" (datasets differing in one training example) or
-# "user" (in all the examples of one user: dptrain.privacy.user_level).
+# Who epsilon protects (UNITS): the registered units of dptrain.privacy.unit (one module each:
+# one training example, or all the examples of one user).
+UNITS = unit_kinds()
 # How batches are selected: the registered strategies of dptrain.privacy.selection (one module
 # each); the command line builds those it may (COMMAND_SELECTIONS), make_private all of them.
 SELECTIONS = selection_kinds()
@@ -59,23 +59,6 @@ RANDOMNESS = ("os_entropy", "secure", "reproducible")
 GRAD_SAMPLE_MODES = ("hooks", "ghost")
 PRECISIONS = ("fp32", "bf16")
 PLAN_VERSION = 1
-
-
-@dataclass(frozen=True)
-class Unit:
-    """The privacy unit: what two neighbouring datasets differ in; for "user", the most
-    examples one sampled user contributes to a batch (None: all of them). The user of each
-    example is data, given to make_private (`user_ids`), not part of the plan."""
-
-    kind: str = "example"
-    max_examples_per_user: int | None = None
-
-    def __post_init__(self) -> None:
-        one_of(*UNITS).check(self.kind, "privacy.unit")
-        check_max_examples_per_user(self.max_examples_per_user, "privacy.max_examples_per_user")
-        if self.kind == "example" and self.max_examples_per_user is not None:
-            raise ConfigError("privacy.max_examples_per_user is only used with privacy.unit=user: "
-                              "set privacy.unit=user, or drop it.")
 
 
 @dataclass(frozen=True)
@@ -163,7 +146,8 @@ class PrivacyPlan:
         check_compatible(self.noise.strategy, noise_schedule=self.noise.schedule is not None,
                          rate_schedule=self.selection.schedule is not None,
                          clipping=self.clipping.kind)
-        self.selection.check_plan(self)   # unit, clipping and noise beside the selection
+        self.unit.check_selection(self.selection)   # the unit's sampling (users: Poisson)
+        self.selection.check_plan(self)   # clipping and noise beside the selection
 
     # -- derived values ------------------------------------------------------------------------
     @property

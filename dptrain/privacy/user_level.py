@@ -1,6 +1,7 @@
 """User-level DP-SGD: clip each sampled user's mean gradient, not each example's.
 
-With `privacy_unit="user"` a batch holds the (capped) examples of Poisson-sampled users, user by
+With `privacy_unit="user"` (the plan's `UserUnit`, dptrain.privacy.unit.user, which builds the
+loader and this clipper) a batch holds the (capped) examples of Poisson-sampled users, user by
 user (`dptrain.data.user_sampling`), and the loader records each row's user position. Per chunk
 of per-sample gradients g_b (b over the chunk's rows, user position u(b)):
 
@@ -28,7 +29,6 @@ positions of all the user's examples: `dptrain.privacy.user_level_ghost`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,42 +40,9 @@ from dptrain.grad_sample.ghost_math import dropped_samples, norm_dtype, sq_norms
 from dptrain.grad_sample.module import GradSampleModule
 from dptrain.privacy.clipping import Clipper, PerSampleSource, ScalarNoise
 
-PRIVACY_UNITS = ("example", "user")
 #: The ledger's mechanism.privacy_unit for a user-level run.
 USER_PRIVACY_UNIT = ("one user: all their training examples, whatever their number (add/remove: "
                      "datasets differing by one user's examples)")
-
-
-@dataclass(frozen=True)
-class UserLevelRequest:
-    """What make_private needs for user-level DP: one user id per training example and the cap."""
-
-    user_ids: Any
-    max_examples_per_user: int | None
-
-
-def user_level_request(privacy_unit: str, user_ids: Any, max_examples_per_user: int | None,
-                       grad_sample_mode: str, distributed: bool) -> UserLevelRequest | None:
-    """The user-level request of make_private's arguments (None for example level), checked:
-    ConfigError naming the argument for an unknown unit, missing ids or DDP (hooks and ghost
-    mode both serve user level; `grad_sample_mode` is checked where the model is wrapped)."""
-    if privacy_unit not in PRIVACY_UNITS:
-        raise ConfigError(f"privacy_unit={privacy_unit!r} is unknown (privacy.unit): use "
-                          f"'example' (the default) or 'user'.")
-    if privacy_unit == "example":
-        if user_ids is not None or max_examples_per_user is not None:
-            raise ConfigError("user_ids / max_examples_per_user (dataset.user_column, "
-                              "privacy.max_examples_per_user) are only used with "
-                              "privacy_unit='user' (privacy.unit=user): set it, or drop them.")
-        return None
-    if user_ids is None:
-        raise ConfigError("privacy_unit='user' needs user_ids, one user id per training example "
-                          "(from the CLI: dataset.user_column=COLUMN of a text dataset).")
-    if distributed:
-        raise ConfigError("privacy_unit='user' is not supported with a DistributedDataParallel "
-                          "or fully sharded (FSDP) model (hardware=ddp, hardware=fsdp): train "
-                          "user-level runs on one process.")
-    return UserLevelRequest(user_ids, max_examples_per_user)
 
 
 def check_user_level_source(source: Any) -> None:
@@ -241,17 +208,3 @@ class UserLevelClipper(Clipper):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state)
-
-
-def privacy_unit_of(engine: Any) -> str:
-    """"user" for an engine made private at user level, else "example"."""
-    return getattr(engine, "privacy_unit", "example")
-
-
-def user_level_mechanism(engine: Any) -> dict[str, Any]:
-    """The ledger's mechanism entries of a user-level run: the unit epsilon protects, the number
-    of users N (the accountant's; q = batch_size / N) and the cap on a sampled user's examples."""
-    sampler = engine.data_loader.poisson_sampler
-    return {"privacy_unit": USER_PRIVACY_UNIT, "num_users": int(sampler.num_samples),
-            "max_examples_per_user": sampler.max_examples_per_user,
-            "user_sampling": "poisson over users (ULS); a user's mean gradient is clipped"}

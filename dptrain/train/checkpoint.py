@@ -50,7 +50,6 @@ from dptrain.train.ledger import PrivacyLedger, describe_differences, refresh_la
 from dptrain.train.replay import start_fingerprint
 from dptrain.train.settings import setting_name
 from dptrain.data.fingerprint import data_fingerprint
-from dptrain.data.user_sampling import user_fingerprint
 from dptrain.distributed.fsdp import is_fully_sharded, model_state_dict, optimizer_state_dict
 from dptrain.distributed.runtime import broadcast_object, is_main_process
 from dptrain.errors import ConfigError
@@ -545,8 +544,11 @@ class Checkpointer:
         replays = job.engine is not None and job.engine.mechanism_replays()
         self.data_fingerprint = data_fingerprint(getattr(job.train_loader, "dataset", None),
                                                  read_items=replays)
-        # A user-level run's users (which rows form each user, the cap): None at example level.
-        self.user_fingerprint = user_fingerprint(job.train_loader)
+        # A user-level run's users (which rows form each user, the cap), as its privacy unit
+        # fingerprints them: None at example level and for a non-private run.
+        plan = job.privacy.plan
+        self.user_fingerprint = (None if plan is None
+                                 else plan.unit.assignment_fingerprint(job.train_loader))
 
     def fingerprint(self) -> str:
         """The run's starting point (dptrain.train.replay.start_fingerprint), rank 0's on every

@@ -7,7 +7,8 @@ engine, the ledger, resume and the planner need is asked of it, never switched o
     index stream     private_loader(data_loader, context): the loader that draws its batches
     accounting       accounting: the AccountingEvent its steps are charged as (with the noise:
                      PrivacyPlan.accounting); relation: the neighbouring relation it supports
-    rules            check_plan(plan): what it refuses beside it (unit, clipping, noise)
+    rules            check_plan(plan): what it refuses beside it (clipping, noise); the unit
+                     asks supports_user_level (dptrain.privacy.unit)
     defaults         steps_per_epoch; min_separation (what correlated noise is optimised for)
     resume           steps_follow_batches (step t must release batch t); epoch_bound (an
                      example at most once per epoch: a resume must start at an epoch boundary
@@ -123,7 +124,7 @@ class Selection:
     steps_follow_batches: ClassVar[bool] = False
     #: every example is in at most one batch of each epoch of steps_per_epoch steps
     epoch_bound: ClassVar[bool] = False
-    #: privacy.unit=user may sample users with it
+    #: privacy.unit=user may sample users with it (dptrain.privacy.unit.user asks)
     supports_user_level: ClassVar[bool] = False
     #: clipping=adaptive may be used (its count is accounted as a Poisson-sampled query)
     supports_adaptive_clipping: ClassVar[bool] = False
@@ -197,11 +198,8 @@ class Selection:
     # -- rules --------------------------------------------------------------------------------
     def check_plan(self, plan: "PrivacyPlan") -> None:
         """ConfigError when the rest of `plan` cannot run or be accounted with this selection:
-        the privacy unit, adaptive clipping, and the noise (`check_noise`)."""
-        if plan.unit.kind == "user" and not self.supports_user_level:
-            raise ConfigError("privacy.unit=user samples users with Poisson sampling: "
-                              f"privacy.sampling={self.kind} (or poisson_sampling=false) "
-                              "is not supported with it. Use privacy.sampling=poisson.")
+        adaptive clipping, and the noise (`check_noise`); the privacy unit checks it
+        (`Unit.check_selection`, reading `supports_user_level`)."""
         if plan.clipping.kind == "adaptive" and not self.supports_adaptive_clipping:
             raise ConfigError("clipping=adaptive needs sampling=poisson: its clipped count is "
                               "accounted as a Poisson-sampled query. Use clipping=flat or "

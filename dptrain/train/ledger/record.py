@@ -23,7 +23,6 @@ from dptrain.accounting.history import (
 from dptrain.errors import DPTrainError
 from dptrain.io import atomic_write_json
 from dptrain.privacy.noise import noise_class
-from dptrain.privacy.user_level import privacy_unit_of, user_level_mechanism
 from dptrain.train.job import TrainingJob
 from dptrain.train.ledger.hashing import config_hash
 from dptrain.train.ledger.schema import (
@@ -35,7 +34,6 @@ from dptrain.train.ledger.schema import (
     PRIVACY_UNIT,
     REPRODUCIBLE_MECHANISM_NOTE,
     SCHEMA_VERSION,
-    SHUFFLE_PRIVACY_UNIT,
     STATUSES,
     ZERO_OUT_PRIVACY_UNIT,
 )
@@ -339,11 +337,10 @@ def mechanism(job: TrainingJob) -> dict[str, Any]:
     off the plan; the full plan is recorded beside it (`plan`)."""
     plan = job.privacy.plan
     norm = plan.clipping.max_grad_norm
-    shuffled = plan.selection.shuffled
     algorithm, noise = algorithm_and_noise(plan.noise.strategy.name)
     described: dict[str, Any] = {
         "algorithm": algorithm,
-        "privacy_unit": SHUFFLE_PRIVACY_UNIT if shuffled else PRIVACY_UNIT,
+        "privacy_unit": plan.unit.privacy_unit(plan.selection),  # under the selection's relation
         "sampling": plan.selection.description,
         # amplified by (cyclic) Poisson sampling: a noise column of at most `groups` bands
         "amplified": plan.selection.amplified and plan.accounting.amplified(
@@ -361,8 +358,7 @@ def mechanism(job: TrainingJob) -> dict[str, Any]:
     }
     if plan.selection.takes_groups:  # why add/remove holds for its drawn groups
         described["sampling_partition"] = CYCLIC_PARTITION_NOTE
-    if privacy_unit_of(job.engine) == "user":
-        described.update(user_level_mechanism(job.engine))
+    described.update(plan.unit.ledger_entries(job.engine.data_loader))  # users: N, cap
     if described["randomness"] == "reproducible":
         described["randomness_note"] = REPRODUCIBLE_MECHANISM_NOTE
     strategies = layer_strategies(job.model)

@@ -7,6 +7,15 @@ from typing import Any
 
 import jsonschema
 
+# What epsilon protects (mechanism.privacy_unit) is said by the unit strategies
+# (dptrain.privacy.unit); one example under add/remove, under substitution (shuffled batches) and
+# under zero-out (an equal-split cyclic resume, `EQUAL_SPLIT_PARTITION_NOTE`):
+from dptrain.privacy.unit import (  # noqa: F401  (re-exported: the ledger's words)
+    PRIVACY_UNIT,
+    SHUFFLE_PRIVACY_UNIT,
+    ZERO_OUT_PRIVACY_UNIT,
+)
+
 SCHEMA_VERSION = 2
 # Versions `load_ledger` reads: 1 (before the plan was recorded: Poisson sampling) and 2 (`plan`).
 READABLE_VERSIONS = (1, 2)
@@ -14,11 +23,6 @@ LEDGER_FILENAME = "privacy_ledger.json"
 # "interrupted": stopped by Ctrl-C (SIGINT); "preempted": stopped by SIGTERM or SIGUSR1 after a
 # whole step, checkpointed (dptrain.train.preemption); "failed": stopped by an error.
 STATUSES = ("running", "completed", "stopped_at_budget", "interrupted", "preempted", "failed")
-# What epsilon protects: DP-SGD with Poisson sampling is accounted for add/remove adjacency.
-PRIVACY_UNIT = "one training example (add/remove: datasets differing by one example)"
-# What epsilon protects with shuffled batches (dptrain.accounting.shuffle).
-SHUFFLE_PRIVACY_UNIT = ("one training example (substitution: datasets of the same size differing "
-                        "in one example; no amplification by subsampling)")
 # mechanism.sampling_partition of a cyclic Poisson run (dptrain.data.cyclic_sampling): why
 # PRIVACY_UNIT (add/remove) holds for its groups.
 CYCLIC_PARTITION_NOTE = ("each example's sampling group drawn uniformly at random, independently "
@@ -29,9 +33,6 @@ CYCLIC_PARTITION_NOTE = ("each example's sampling group drawn uniformly at rando
 EQUAL_SPLIT_PARTITION_NOTE = ("equal-size sampling groups (a permutation, then index mod groups), "
                               "kept from the run's first process: adding an example would "
                               "re-partition the others, so add/remove does not hold")
-ZERO_OUT_PRIVACY_UNIT = ("one training example (zero-out: datasets of the same size, one "
-                         "example's contribution replaced by nothing; not add/remove, see "
-                         "mechanism.sampling_partition)")
 NON_PRIVATE_NOTE = "non-private: no privacy guarantee"
 # mechanism.randomness: how the noise and the Poisson sampling coins were seeded.
 RANDOMNESS = ("os_entropy", "secure", "reproducible")
