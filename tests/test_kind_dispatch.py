@@ -23,10 +23,6 @@ UNIT_KINDS = frozenset(UNITS)   # the registered privacy units (dptrain.privacy.
 KINDS = frozenset(SELECTIONS) | frozenset(NOISE_KINDS) | UNIT_KINDS
 # the strategies and the registries: the only places a kind name may decide anything
 ALLOWED = ("privacy/selection/", "privacy/noise/", "privacy/unit/", "accounting/selections.py")
-# Modules that may still compare with a unit kind (and with no other kind), each with its reason.
-# cli/sweep_ledger.py reads the `unit` recorded in each job's sweep entry ("example" | "user") to
-# refuse a total across units; it is being reworked on another branch (drop it from here then).
-UNIT_KINDS_PENDING = ("cli/sweep_ledger.py",)
 
 
 def _strings(node: ast.AST) -> set[str]:
@@ -79,7 +75,6 @@ def test_no_module_outside_the_strategies_and_registries_branches_on_a_kind_name
         relative = path.relative_to(PACKAGE).as_posix()
         if relative.startswith(ALLOWED):
             continue
-        kinds = KINDS - UNIT_KINDS if relative in UNIT_KINDS_PENDING else KINDS
         offenders += [f"dptrain/{relative}:{line}: {code}"
-                      for line, code in kind_branches(path.read_text(encoding="utf-8"), kinds)]
+                      for line, code in kind_branches(path.read_text(encoding="utf-8"), KINDS)]
     assert offenders == [], "\n".join(offenders)

@@ -62,6 +62,7 @@ from dptrain.accounting.tuning import (
 from dptrain.errors import DPTrainError, PrivacyError
 from dptrain.formatting import format_epsilon
 from dptrain.io import atomic_write_json
+from dptrain.privacy.unit import Unit, unit_class, unit_described
 
 SWEEP_LEDGER_FILENAME = "sweep_ledger.json"
 TUNING_FILENAME = "tuning.json"      # written by `dptrain tune` before its first trial
@@ -173,8 +174,7 @@ def _unit_of(data: dict[str, Any]) -> str:
     unit = ((data.get("plan") or {}).get("unit") or {}).get("kind")
     if unit is not None:
         return str(unit)
-    described = str((data.get("mechanism") or {}).get("privacy_unit", ""))
-    return "user" if described.startswith("one user") else "example"
+    return unit_described(str((data.get("mechanism") or {}).get("privacy_unit", "")))
 
 
 def _mixed_units(entries: list[dict[str, Any]]) -> str | None:
@@ -186,14 +186,17 @@ def _mixed_units(entries: list[dict[str, Any]]) -> str | None:
     unit, the example, a user-level job's add/remove-a-user guarantee covers adding or removing
     one example only as replacing that example's user (group privacy over 2), which is not what
     its ledger states either. Each job's own ledger states its epsilon for its own unit."""
-    units = {e["job"]: e.get("unit", "example") for e in entries if e.get("private")}
-    if len(set(units.values())) < 2:
+    jobs: dict[str, list[str]] = {}
+    for entry in entries:
+        if entry.get("private"):
+            jobs.setdefault(entry.get("unit", Unit.kind), []).append(str(entry["job"]))
+    if len(jobs) < 2:
         return None
-    users = [job for job, unit in units.items() if unit == "user"]
-    examples = [job for job, unit in units.items() if unit != "user"]
-    return (f"unknown: job(s) {', '.join(users)} protect one user (privacy.unit=user) and "
-            f"job(s) {', '.join(examples)} one example; a bound for a user needs group privacy "
-            "for the example-level jobs over the most examples one user holds, which no ledger "
+    protected = " and ".join(
+        f"job(s) {', '.join(names)} protect {unit_class(kind).protects} (privacy.unit={kind})"
+        for kind, names in sorted(jobs.items(), key=lambda item: item[0] == Unit.kind))
+    return (f"unknown: {protected}; a bound across units needs group privacy for the "
+            "example-level jobs over the most examples one user holds, which no ledger "
             "records. Each job's own ledger states its epsilon for its unit; sweep one unit at "
             "a time to get the cost of the best job")
 
@@ -201,7 +204,7 @@ def _mixed_units(entries: list[dict[str, Any]]) -> str | None:
 def sweep_unit(entries: list[dict[str, Any]]) -> str | None:
     """The unit the sweep's epsilon protects: the private jobs' one unit, "mixed", or None
     when no job is private."""
-    units = {e.get("unit", "example") for e in entries if e.get("private")}
+    units = {e.get("unit", Unit.kind) for e in entries if e.get("private")}
     return None if not units else units.pop() if len(units) == 1 else "mixed"
 
 

@@ -184,3 +184,13 @@ def test_the_example_units_loader_is_the_selections_and_nothing_else_is_added():
     assert type(loader).__name__ == "ShuffleDataLoader"
     assert unit.clipper(inner, [], loader, None) is inner
     assert unit.assignment_fingerprint(loader) is None and unit.ledger_entries(loader) == {}
+
+
+def test_a_ledgers_unit_sentence_names_its_unit_kind():
+    """How a sweep reads the unit of a ledger written before the plan was recorded."""
+    from dptrain.privacy.unit import PRIVACY_UNIT, unit_described
+    from dptrain.privacy.user_level import USER_PRIVACY_UNIT
+
+    assert unit_described(USER_PRIVACY_UNIT) == "user"
+    assert unit_described(PRIVACY_UNIT) == "example"
+    assert unit_described("") == "example"

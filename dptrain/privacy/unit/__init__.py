@@ -7,7 +7,8 @@ owns). The registration lines below are the only list of units:
 
 from __future__ import annotations
 
-from dptrain.privacy.unit.base import LoaderRate, Unit, register_unit, unit_class, unit_kinds
+from dptrain.privacy.unit.base import (LoaderRate, Unit, register_unit, unit_class,
+                                       unit_described, unit_kinds)
 from dptrain.privacy.unit.example import (
     PRIVACY_UNIT,
     SHUFFLE_PRIVACY_UNIT,
@@ -20,4 +21,5 @@ register_unit(ExampleUnit)
 register_unit(UserUnit)
 
 __all__ = ["ExampleUnit", "LoaderRate", "PRIVACY_UNIT", "SHUFFLE_PRIVACY_UNIT", "Unit",
-           "UserUnit", "ZERO_OUT_PRIVACY_UNIT", "register_unit", "unit_class", "unit_kinds"]
+           "UserUnit", "ZERO_OUT_PRIVACY_UNIT", "register_unit", "unit_class", "unit_described",
+           "unit_kinds"]

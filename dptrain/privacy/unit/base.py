@@ -59,6 +59,16 @@ def unit_kinds() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
+def unit_described(sentence: str) -> str:
+    """The unit kind whose words (`protects`) start `sentence`, a ledger's
+    mechanism.privacy_unit (how a ledger written before the plan was recorded names its unit);
+    the default unit's kind when none does."""
+    for kind in unit_kinds():
+        if kind != Unit.kind and sentence.startswith(_REGISTRY[kind].protects):
+            return kind
+    return Unit.kind
+
+
 def unit_class(kind: Any, key: str = "privacy.unit") -> type["Unit"]:
     """The unit class registered as `kind`; ConfigError naming `key` and the known kinds."""
     cls = _REGISTRY.get(kind) if isinstance(kind, str) else None
@@ -80,6 +90,9 @@ class Unit:
 
     #: N counts the loader's examples: each example is its own unit (the selection draws them)
     samples_examples: ClassVar[bool] = True
+    #: what one unit is, in the words of a report ("one example"; the ledger's privacy_unit
+    #: sentence starts with them)
+    protects: ClassVar[str] = "one example"
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "Unit":
         """The registered strategy of `kind` (given or its class's default): Unit("user") is a

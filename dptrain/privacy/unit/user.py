@@ -40,6 +40,7 @@ class UserUnit(Unit):
     kind: str = "user"
 
     samples_examples: ClassVar[bool] = False
+    protects: ClassVar[str] = "one user"
 
     # -- the population ------------------------------------------------------------------------
     def population(self, data_loader: DataLoader, user_ids: Any,
