@@ -15,7 +15,6 @@ the sigma and q actually used, and fixes the public expected batch size q * N on
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from collections.abc import Callable
 from typing import Any, Mapping, NamedTuple

@@ -87,3 +87,12 @@ def clipped_sum(grads: dict[nn.Parameter, Tensor], C: float) -> dict[nn.Paramete
     norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads.values()))
     factor = torch.clamp(C / norms, max=1.0)
     return {p: torch.einsum("b,b...->...", factor, g) for p, g in grads.items()}
+
+
+def loop_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: tuple[Tensor, Tensor]) -> None:
+    """One step of a user's own loop on an `(x, y)` batch (an empty batch: noise only)."""
+    x, y = batch
+    optimizer.zero_grad()
+    if len(x):
+        nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()

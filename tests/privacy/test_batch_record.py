@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from privacy_helpers import tiny_model
+from privacy_helpers import loop_step, tiny_model
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -60,14 +60,6 @@ def _private(data_loader: DataLoader | None = None, **kwargs):
     return engine, model, optimizer, loader, charges
 
 
-def _step(model, optimizer, batch) -> None:
-    x, y = batch
-    optimizer.zero_grad()
-    if len(x):
-        nn.functional.cross_entropy(model(x), y).backward()
-    optimizer.step()
-
-
 def test_a_records_rows_are_the_rows_of_its_batch():
     data = _dataset()
     loader = DPDataLoader(data, 0.25, generator=torch.Generator().manual_seed(1))
@@ -83,7 +75,7 @@ def test_each_step_charges_the_record_of_the_batch_it_released():
     records = []
     for batch in loader:
         records.append(last_record(loader))
-        _step(model, optimizer, batch)
+        loop_step(model, optimizer, batch)
     assert [(c.batch_index, c.sample_rate, c.step) for c in charges] == [
         (r.index, r.sample_rate, i) for i, r in enumerate(records)]
     assert [c.batch_size for c in charges] == [r.size for r in records]
@@ -92,7 +84,7 @@ def test_each_step_charges_the_record_of_the_batch_it_released():
 def test_the_accountant_holds_exactly_the_steps_charged():
     engine, model, optimizer, loader, charges = _private()
     for batch in loader:
-        _step(model, optimizer, batch)
+        loop_step(model, optimizer, batch)
     rebuilt = get_accountant("rdp").from_charges(charges)
     assert rebuilt.history == engine.accountant.history
     assert rebuilt.get_epsilon(1e-5) == engine.accountant.get_epsilon(1e-5)
@@ -104,9 +96,9 @@ def test_a_skipped_batch_is_charged_at_the_q_of_the_record_released():
     schedule = StepSchedule(0.25, gamma=0.5, step_size=1)
     engine, model, optimizer, loader, charges = _private(sample_rate_schedule=schedule)
     batches = iter(loader)
-    _step(model, optimizer, next(batches))
+    loop_step(model, optimizer, next(batches))
     next(batches)                                   # drawn, never stepped on
-    _step(model, optimizer, next(batches))
+    loop_step(model, optimizer, next(batches))
     assert [(c.step, c.batch_index, c.sample_rate) for c in charges] == [
         (0, 0, schedule(0)), (1, 2, schedule(2))]
 
@@ -140,7 +132,7 @@ def test_virtual_batches_charge_one_record_per_logical_batch():
             record = last_record(loader)
             if not records or records[-1] is not record:
                 records.append(record)
-            _step(model, optimizer, chunk)
+            loop_step(model, optimizer, chunk)
     assert [(c.batch_index, c.sample_rate) for c in charges] == [
         (r.index, r.sample_rate) for r in records]
 
@@ -189,7 +181,7 @@ def test_a_kept_loaders_records_count_its_batches():
     engine, model, optimizer, loader, charges = _private(sampling="given_shuffle")
     for epoch in range(2):
         for batch in loader:
-            _step(model, optimizer, batch)
+            loop_step(model, optimizer, batch)
     q = engine.plan.selection.sample_rate
     assert [(c.batch_index, c.sample_rate) for c in charges] == [(i, q) for i in range(16)]
     assert all(c.batch_size is None for c in charges)   # the caller's sampler chose the rows
@@ -209,7 +201,7 @@ def test_the_opacus_namespace_charges_the_records_q():
     records = []
     for batch in loader:
         records.append(last_record(loader))
-        _step(model, optimizer, batch)
+        loop_step(model, optimizer, batch)
     assert [(c.batch_index, c.sample_rate) for c in charges] == [
         (r.index, r.sample_rate) for r in records]
     assert engine.accountant.history == [(1.0, 0.125, len(records))]

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from privacy_helpers import tiny_model
-from torch import nn
+from privacy_helpers import loop_step, tiny_model
 from torch.utils.data import DataLoader, TensorDataset
 
 import dptrain
@@ -37,14 +36,6 @@ def _private(**kwargs):
     return engine, model, optimizer, loader
 
 
-def _step(model, optimizer, batch) -> None:
-    x, y = batch
-    optimizer.zero_grad()
-    if len(x):
-        nn.functional.cross_entropy(model(x), y).backward()
-    optimizer.step()
-
-
 @pytest.mark.parametrize("sampling", COMMAND_SELECTIONS)
 def test_loader_optimizer_engine_and_plan_hold_the_same_q(sampling: str):
     engine, model, optimizer, loader = _private(sampling=sampling)
@@ -52,7 +43,7 @@ def test_loader_optimizer_engine_and_plan_hold_the_same_q(sampling: str):
     assert loader.sample_rate == optimizer.sample_rate == q
     assert engine.upcoming_sample_rates(2) == [q, q]
     for batch in loader:
-        _step(model, optimizer, batch)
+        loop_step(model, optimizer, batch)
     assert {rate for _, rate, _ in engine.accountant.history} == {q}
 
 
@@ -61,7 +52,7 @@ def test_under_a_rate_schedule_each_step_is_charged_the_q_the_forecast_committed
     engine, model, optimizer, loader = _private(sample_rate_schedule=schedule)
     forecast = engine.upcoming_sample_rates(8)                   # what the budget commits
     for batch in loader:
-        _step(model, optimizer, batch)
+        loop_step(model, optimizer, batch)
     charged = [rate for _, rate, n in engine.accountant.history for _ in range(n)]
     assert charged == forecast
 
@@ -73,11 +64,11 @@ def test_a_skipped_poisson_batch_under_a_rate_schedule_leaves_forecast_and_charg
     schedule = StepSchedule(0.125, gamma=0.5, step_size=1)
     engine, model, optimizer, loader = _private(sample_rate_schedule=schedule)
     batches = iter(loader)
-    _step(model, optimizer, next(batches))
+    loop_step(model, optimizer, next(batches))
     next(batches)                                                  # drawn, never stepped on
     forecast = engine.upcoming_sample_rates(3)
     for _ in range(3):
-        _step(model, optimizer, next(batches))
+        loop_step(model, optimizer, next(batches))
     charged = [rate for _, rate, n in engine.accountant.history for _ in range(n)][1:]
     assert charged == forecast == [schedule(2), schedule(3), schedule(4)]
 

@@ -24,7 +24,6 @@ its own CSPRNG, which is the same allocation's distribution (each example's bin 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 

@@ -33,6 +33,7 @@ from dptrain.accounting.history import steps_per_epoch
 from dptrain.checks import check_sample_rate
 from dptrain.data.sharding import shard_loader
 from dptrain.errors import ConfigError, PrivacyError
+from dptrain.privacy.strategies import registered_instance
 
 if TYPE_CHECKING:  # annotations only: the plan imports this module
     from dptrain.privacy.plan import PrivacyPlan
@@ -137,14 +138,7 @@ class Selection:
         """The registered strategy of `kind` (given or its class's default): Selection(q,
         kind="shuffle") is a Shuffle; dataclasses.replace(..., kind=...) changes the class."""
         kind = kwargs.get("kind", args[1] if len(args) > 1 else None)
-        if kind is None:
-            target = cls if cls is not Selection else selection_class("poisson")
-        else:
-            target = selection_class(kind)
-        obj = object.__new__(target)
-        if not issubclass(target, cls):  # Python calls __init__ only on instances of cls
-            obj.__init__(*args, **kwargs)
-        return obj
+        return registered_instance(cls, Selection, kind, "poisson", selection_class, args, kwargs)
 
     def __post_init__(self) -> None:
         selection_class(self.kind)

@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader
 from dptrain.data.user_sampling import check_max_examples_per_user
 from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import Clipper
+from dptrain.privacy.strategies import registered_instance
 
 if TYPE_CHECKING:  # annotations only: the selection package does not import this one
     from dptrain.privacy.selection import LoaderContext, Selection
@@ -98,14 +99,7 @@ class Unit:
         """The registered strategy of `kind` (given or its class's default): Unit("user") is a
         UserUnit; dataclasses.replace(..., kind=...) changes the class."""
         kind = kwargs.get("kind", args[0] if args else None)
-        if kind is None:
-            target = cls if cls is not Unit else unit_class(Unit.kind)
-        else:
-            target = unit_class(kind)
-        obj = object.__new__(target)
-        if not issubclass(target, cls):  # Python calls __init__ only on instances of cls
-            obj.__init__(*args, **kwargs)
-        return obj
+        return registered_instance(cls, Unit, kind, Unit.kind, unit_class, args, kwargs)
 
     def __post_init__(self) -> None:
         unit_class(self.kind)
