@@ -14,7 +14,7 @@ Public names are imported lazily so that ``import dptrain`` (and ``dptrain --hel
 
 from dptrain._lazy import lazy_attributes
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 _PUBLIC = {
     "PrivacyEngine": "dptrain.privacy.engine",
