@@ -95,3 +95,26 @@ def test_a_shuffled_ddp_job_trains_on_the_one_process_runs_batches(tmp_path: Pat
     b = load_checkpoint(tmp_path / "cpu" / "checkpoints" / "last.pt")["model"]
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_shuffled_ddp_job_resumed_mid_epoch_ends_where_the_straight_job_ends(tmp_path: Path):
+    """Resume x shuffle x DDP: each rank's checkpointed sampler holds the epoch's permutation
+    (reproducible), so the resumed ranks train on the rest of the same shuffle: the history,
+    epsilon and weights are the uninterrupted 2-rank job's."""
+    from dptrain.train.checkpoint import load_checkpoint
+
+    ddp = ["hardware=ddp", "hardware.nproc_per_node=2", *COMMON, "privacy.sampling=shuffle",
+           "train.max_steps=null", "privacy.reproducible_mechanism=true"]
+    runs = [("straight", []), ("stopped", ["train.max_steps=5"]),
+            ("stopped", ["train.resume=auto"])]
+    for folder, extra in runs:
+        run = _dptrain([*ddp, *extra, f"hydra.run.dir={tmp_path / folder}"], tmp_path, 300)
+        assert run.returncode == 0, run.stderr
+    straight, resumed = (json.loads((tmp_path / d / "privacy_ledger.json").read_text())
+                         for d in ("straight", "stopped"))
+    assert resumed["history"] == straight["history"] and resumed["epsilon"] == straight["epsilon"]
+    assert len(resumed["resumes"]) == 1
+    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "stopped" / "checkpoints" / "last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
