@@ -98,13 +98,15 @@ def test_a_shuffled_ddp_job_trains_on_the_one_process_runs_batches(tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_a_shuffled_ddp_job_resumed_mid_epoch_ends_where_the_straight_job_ends(tmp_path: Path):
-    """Resume x shuffle x DDP: each rank's checkpointed sampler holds the epoch's permutation
-    (reproducible), so the resumed ranks train on the rest of the same shuffle: the history,
-    epsilon and weights are the uninterrupted 2-rank job's."""
+@pytest.mark.parametrize("sampling", ["shuffle", "balls_in_bins"])
+def test_an_epoch_bound_ddp_job_resumed_mid_epoch_ends_where_the_straight_job_ends(
+        tmp_path: Path, sampling: str):
+    """Resume x epoch-bound selection x DDP: each rank's checkpointed sampler holds the epoch's
+    permutation or allocation (reproducible), so the resumed ranks train on the rest of the same
+    epoch: the history, epsilon and weights are the uninterrupted 2-rank job's."""
     from dptrain.train.checkpoint import load_checkpoint
 
-    ddp = ["hardware=ddp", "hardware.nproc_per_node=2", *COMMON, "privacy.sampling=shuffle",
+    ddp = ["hardware=ddp", "hardware.nproc_per_node=2", *COMMON, f"privacy.sampling={sampling}",
            "train.max_steps=null", "privacy.reproducible_mechanism=true"]
     runs = [("straight", []), ("stopped", ["train.max_steps=5"]),
             ("stopped", ["train.resume=auto"])]
