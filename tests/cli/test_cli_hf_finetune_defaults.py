@@ -24,9 +24,12 @@ from tests.sentiment_sentences import write_review_csvs
 LORA = "model.lora={r:8,alpha:16,target_modules:[query,value]}"
 # Measured on these reviews at epsilon 3 (docs/transformers.md, "What to expect on varied text"):
 # full fine-tuning 69 to 77 %, LoRA 74 to 78 % over seeds 0-2, against 80 % for a non-private
-# logistic regression on the frozen embeddings. The test draws its noise from OS entropy, so the
-# threshold sits below the lowest run measured, well above chance (50 %).
+# logistic regression on the frozen embeddings. Drawn from OS entropy, a full fine-tuning run
+# also ended at 63 % (2026-11-29): the spread is wider than three seeds show, so the test runs
+# seed 0 reproducibly (the defaults' settings unchanged), with the threshold below its result,
+# well above chance (50 %).
 MIN_ACCURACY = 0.65
+SEEDED = ["train.seed=0", "privacy.reproducible_mechanism=true"]
 
 
 def _composed(*overrides: str) -> dict:
@@ -115,7 +118,7 @@ def test_minilm_fine_tuned_with_the_defaults_alone_learns_sentiment(tmp_path: Pa
     train_file, test_file = write_review_csvs(tmp_path)
     args = ["model=hf", f"model.name_or_path={Path(minilm.__file__).parent / 'model'}",
             "dataset=text", f"dataset.train_file={train_file}", f"dataset.test_file={test_file}",
-            f"hydra.run.dir={tmp_path / 'run'}", *extra, *QUIET]
+            f"hydra.run.dir={tmp_path / 'run'}", *extra, *SEEDED, *QUIET]
     result = run_dptrain(args, tmp_path, timeout=3600)
     assert result.returncode == 0, result.stderr
     run = read_json(tmp_path / "run" / "result.json")
