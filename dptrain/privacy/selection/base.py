@@ -32,36 +32,28 @@ from dptrain.accounting.events import SUBSTITUTION, AccountingEvent
 from dptrain.accounting.history import steps_per_epoch
 from dptrain.checks import check_sample_rate
 from dptrain.data.sharding import shard_loader
-from dptrain.errors import ConfigError, PrivacyError
-from dptrain.privacy.strategies import registered_instance
+from dptrain.errors import ConfigError
+from dptrain.privacy.strategies import Registry, registered_instance
 
 if TYPE_CHECKING:  # annotations only: the plan imports this module
     from dptrain.privacy.plan import PrivacyPlan
 
-_REGISTRY: dict[str, type["Selection"]] = {}
+_SELECTIONS = Registry("batch selection", "privacy.sampling")
 
 
 def register_selection(cls: type["Selection"]) -> type["Selection"]:
     """Register a selection strategy class under its `kind` (the plan's and the config's name)."""
-    kind = cls.__dataclass_fields__["kind"].default
-    if kind in _REGISTRY:
-        raise PrivacyError(f"a batch selection named {kind!r} is already registered.")
-    _REGISTRY[kind] = cls
-    return cls
+    return _SELECTIONS.register(cls)
 
 
 def selection_kinds(command: bool = False) -> tuple[str, ...]:
     """The registered selection kinds (`command`: only those the command line may build)."""
-    return tuple(k for k, cls in _REGISTRY.items() if cls.command or not command)
+    return tuple(k for k in _SELECTIONS.kinds() if _SELECTIONS.classes[k].command or not command)
 
 
 def selection_class(kind: Any, key: str = "privacy.sampling") -> type["Selection"]:
     """The strategy class registered as `kind`; ConfigError naming `key` and the known kinds."""
-    cls = _REGISTRY.get(kind) if isinstance(kind, str) else None
-    if cls is None:
-        raise ConfigError(f"{key}={kind!r} is not a known batch selection: use one of "
-                          f"{list(selection_kinds())}.")
-    return cls
+    return _SELECTIONS.lookup(kind, key)
 
 
 def correlated(strategy: Any) -> bool:

@@ -34,30 +34,25 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from dptrain.data.user_sampling import check_max_examples_per_user
-from dptrain.errors import ConfigError, PrivacyError
 from dptrain.privacy.clipping import Clipper
-from dptrain.privacy.strategies import registered_instance
+from dptrain.privacy.strategies import Registry, registered_instance
 
 if TYPE_CHECKING:  # annotations only: the selection package does not import this one
     from dptrain.privacy.selection import LoaderContext, Selection
 
-_REGISTRY: dict[str, type["Unit"]] = {}
+_UNITS = Registry("privacy unit", "privacy.unit")
 #: (N, q) of a plain loader (the engine's `_loader_rate`: q = batch_size / N)
 LoaderRate = Callable[[DataLoader], "tuple[int, float]"]
 
 
 def register_unit(cls: type["Unit"]) -> type["Unit"]:
     """Register a privacy-unit class under its `kind` (the plan's and the config's name)."""
-    kind = cls.__dataclass_fields__["kind"].default
-    if kind in _REGISTRY:
-        raise PrivacyError(f"a privacy unit named {kind!r} is already registered.")
-    _REGISTRY[kind] = cls
-    return cls
+    return _UNITS.register(cls)
 
 
 def unit_kinds() -> tuple[str, ...]:
     """The registered privacy-unit kinds, in registration order."""
-    return tuple(_REGISTRY)
+    return _UNITS.kinds()
 
 
 def unit_described(sentence: str) -> str:
@@ -65,18 +60,14 @@ def unit_described(sentence: str) -> str:
     mechanism.privacy_unit (how a ledger written before the plan was recorded names its unit);
     the default unit's kind when none does."""
     for kind in unit_kinds():
-        if kind != Unit.kind and sentence.startswith(_REGISTRY[kind].protects):
+        if kind != Unit.kind and sentence.startswith(_UNITS.classes[kind].protects):
             return kind
     return Unit.kind
 
 
 def unit_class(kind: Any, key: str = "privacy.unit") -> type["Unit"]:
     """The unit class registered as `kind`; ConfigError naming `key` and the known kinds."""
-    cls = _REGISTRY.get(kind) if isinstance(kind, str) else None
-    if cls is None:
-        raise ConfigError(f"{key}={kind!r} is not a known privacy unit: {key} takes one of "
-                          f"{', '.join(unit_kinds())}.")
-    return cls
+    return _UNITS.lookup(kind, key)
 
 
 @dataclass(frozen=True)
