@@ -42,26 +42,27 @@ ORDERS = range(2, 33)        # enough here: the best order of every figure below
 SWEEP = ["privacy=sigma", "train.batch_size=256", *QUIET]   # digits: 6 steps an epoch
 
 
+def _sweep(tmp_path_factory, name: str, overrides: list[str]) -> Path:
+    """The sweep folder of a real `dptrain -m` with `overrides` (beside SWEEP)."""
+    folder = tmp_path_factory.mktemp(name)
+    code, _, err = run_once_in_process(["-m", *SWEEP, *overrides, "hydra.sweep.dir=sweep"],
+                                       folder)
+    assert code == 0, err
+    return folder / "sweep"
+
+
 @pytest.fixture(scope="module")
 def bins_sweep(tmp_path_factory) -> Path:
     """A real `dptrain -m` over two sigmas of balls-in-bins runs of 2 epochs (6 steps each)."""
-    folder = tmp_path_factory.mktemp("bins")
-    code, _, err = run_once_in_process(
-        ["-m", *SWEEP, "privacy.sampling=balls_in_bins", "privacy.noise_multiplier=1,2",
-         "train.epochs=2", "hydra.sweep.dir=sweep"], folder)
-    assert code == 0, err
-    return folder / "sweep"
+    return _sweep(tmp_path_factory, "bins", ["privacy.sampling=balls_in_bins",
+                                             "privacy.noise_multiplier=1,2", "train.epochs=2"])
 
 
 @pytest.fixture(scope="module")
 def mixed_sweep(tmp_path_factory) -> Path:
     """A real `dptrain -m` over the sampling: a Poisson job and a balls-in-bins job (1 epoch)."""
-    folder = tmp_path_factory.mktemp("mixed")
-    code, _, err = run_once_in_process(
-        ["-m", *SWEEP, "privacy.sampling=poisson,balls_in_bins", "privacy.noise_multiplier=1",
-         "train.epochs=1", "hydra.sweep.dir=sweep"], folder)
-    assert code == 0, err
-    return folder / "sweep"
+    return _sweep(tmp_path_factory, "mixed", ["privacy.sampling=poisson,balls_in_bins",
+                                              "privacy.noise_multiplier=1", "train.epochs=1"])
 
 
 # ------------------------------------------------------------------ first principles
