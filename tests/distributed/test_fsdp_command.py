@@ -224,3 +224,19 @@ def test_dptrain_hardware_fsdp_relaunches_itself_under_torchrun_like_ddp(tmp_pat
     assert json.loads((tmp_path / "fsdp" / "result.json").read_text())["status"] == "completed"
     assert _ledger(tmp_path / "fsdp")["steps_completed"] == 2
     assert (tmp_path / "fsdp" / "model.pt").exists()
+
+
+def test_a_sharded_shuffled_run_trains_the_single_process_batches(tmp_path):
+    """privacy.sampling=shuffle under FSDP2 (2 ranks): every rank draws rank 0's permutation
+    and trains on its share of each batch, so the weights (reproducible, near-noiseless) and the
+    ledger's history and epsilon are the single process's."""
+    args = COMMON + TRANSFORMER + ("privacy.sampling=shuffle",)
+    single = workers.train_cli(str(tmp_path / "single"), args + ("hardware=cpu",))
+    ranks = workers.run_ranks(_fsdp_runs, tmp_path, timeout_s=240, args=((
+        (str(tmp_path / "fsdp_{rank}"), args + FSDP),),))
+    for rank in ranks:
+        assert "crash" not in rank, rank.get("crash")
+        torch.testing.assert_close(rank["runs"][0]["params"], single["params"], rtol=0, atol=1e-4)
+    sharded, one = _ledger(tmp_path / "fsdp_0"), _ledger(tmp_path / "single")
+    assert sharded["mechanism"]["sampling"] == "shuffle"
+    assert (sharded["history"], sharded["epsilon"]) == (one["history"], one["epsilon"])
