@@ -329,10 +329,11 @@ class DPOptimizer(Optimizer):
             self.link.skip_next, self.link.last_step_skipped = False, True
             return loss
         self.link.last_step_skipped = False
-        result = self._release(None)[1]
+        result = self._release(None, None)[1]
         return loss if closure is not None else result
 
-    def release(self, record: BatchRecord | None = None) -> Charge:
+    def release(self, record: BatchRecord | None = None,
+                batch_size: int | None = None) -> Charge:
         """Noise the clipped sum accumulated for one logical batch, step the wrapped optimizer
         once and charge the step: returns its `Charge` (also `last_charge`, and given to the
         charge listeners).
@@ -340,11 +341,13 @@ class DPOptimizer(Optimizer):
         `record` is the record of the released batch (dptrain.data.batch_record): q and the
         expected batch size q * N are its. Linked to a private loader, it must be the batch
         handed out last (None: that one); unlinked, None means the optimizer's own q (the plan's
-        or the sample-rate schedule's).
+        or the sample-rate schedule's). `batch_size`: the rows the caller trained on (None: the
+        record's).
         """
-        return self._release(record)[0]
+        return self._release(record, batch_size)[0]
 
-    def _release(self, record: BatchRecord | None) -> tuple[Charge, Any]:
+    def _release(self, record: BatchRecord | None,
+                 batch_size: int | None) -> tuple[Charge, Any]:
         """`release`, with the wrapped optimizer's return value."""
         record = self.link.record_to_release(record)
         if record is not None:
@@ -356,7 +359,8 @@ class DPOptimizer(Optimizer):
             result = self.original_optimizer.step()
             charge = Charge(noise_multiplier=float(self.noise_multiplier),
                             sample_rate=float(self.sample_rate),
-                            batch_size=None if record is None else record.size,
+                            batch_size=batch_size if batch_size is not None else (
+                                None if record is None else record.size),
                             step=self.steps_taken,
                             batch_index=None if record is None else record.index)
             self.last_charge = charge

@@ -25,7 +25,6 @@ chunk's `step()` accumulates, the last one releases).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -70,8 +69,7 @@ def private_step(optimizer: Any, batch: Any, max_physical_batch_size: int | None
     """
     try:
         rows = accumulate_chunks(optimizer, batch, max_physical_batch_size, forward_backward)
-        charge = optimizer.release(record)
+        return optimizer.release(record, batch_size=rows)
     except BaseException:
         optimizer.discard_partial_batch()
         raise
-    return dataclasses.replace(charge, batch_size=rows)

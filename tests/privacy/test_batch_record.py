@@ -238,3 +238,14 @@ def test_a_training_runs_ledger_history_is_its_charges(tmp_path):
     history = [(r["noise_multiplier"], r["sample_rate"], r["steps"]) for r in ledger["history"]]
     rebuilt = get_accountant("rdp").from_charges(charges + resumed)
     assert rebuilt.history == engine.accountant.history == history
+
+
+def test_the_charge_private_step_returns_is_the_one_the_accountant_received():
+    """Also when the record does not know the rows (the caller's loader kept as passes): the
+    rows the step trained on are in the charge its listeners receive."""
+    engine, model, optimizer, loader, charges = _private(sampling="given_shuffle")
+    batch = next(iter(loader))
+    returned = private_step(optimizer, batch, 2, lambda b: _forward_backward(model, b),
+                            last_record(loader))
+    assert charges == [returned] and optimizer.last_charge == returned
+    assert returned.batch_size == len(batch[0])
